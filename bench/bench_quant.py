@@ -1,0 +1,362 @@
+"""Quantization accuracy: pulsar's calibration methods against onnxruntime's quantize_static.
+
+    python -m bench.bench_quant [--models ocr,mbv2] [--eval-n 200] [--work-dir DIR] [--json FILE]
+
+Both quantizers see the same float graph (pulsar's ``out/frontend/optimized.onnx``: fixed input
+shape, opset >= 13) and the same 32 calibration samples; both are scored on evaluation samples
+disjoint from calibration (other photo halves, other words). Figures:
+
+- ocr: PP-OCRv4 recognizer on rendered English lines, exact-match rate and character accuracy
+  (1 - edit distance / length) against the ground truth.
+- mbv2: MobileNetV2 on photo crops, top-1 agreement with the float model.
+
+It also checks that ``pulsar.Session`` on each compiled model reproduces onnxruntime on the
+matching ``quant/quantized.onnx``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from PIL import Image
+
+from examples import assets
+
+PULSAR_METHODS = ("MinMax", "Percentile", "MSE", "KL")
+ORT_METHODS = ("MinMax", "Entropy", "Percentile")
+N_CALIB = 32
+EVAL_SEED = 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# Models under test: a small registry of specs
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Spec:
+    """One benchmark model: float file, pulsar config, calibration + evaluation data and its score."""
+
+    name: str
+    title: str
+    metric: str
+    prepare: Callable[[dict[str, Path]], tuple[Path, dict]]  # assets -> (float model, pulsar config)
+    calib: Callable[[dict[str, Path], Path], list[np.ndarray]]  # assets, model -> ORT calibration inputs
+    eval_data: Callable[[int], tuple[list[np.ndarray], list]]  # n -> (inputs, labels)
+    score: Callable[[list[np.ndarray], list, list[np.ndarray]], dict[str, float]]  # outs, labels, float outs
+
+
+SPECS: dict[str, Spec] = {}
+
+
+def register(spec: Spec) -> Spec:
+    SPECS[spec.name] = spec
+    return spec
+
+
+def _ocr_prepare(paths: dict[str, Path]) -> tuple[Path, dict]:
+    name = onnx.load(str(paths["ocr_rec"]), load_external_data=False).graph.input[0].name
+    config = {
+        "input_shapes": f"{name}:1x3x{assets.OCR_H}x{assets.OCR_W}",
+        "quant": {
+            "calibration_method": "MinMax",
+            "input_configs": [
+                {
+                    "tensor_name": "DEFAULT",
+                    "calibration_dataset": str(paths["ocr_calib"]),
+                    "calibration_format": "Numpy",
+                    "calibration_size": N_CALIB,
+                }
+            ],
+        },
+    }
+    return paths["ocr_rec"], config
+
+
+def _ocr_calib(paths: dict[str, Path], _model: Path) -> list[np.ndarray]:
+    files = sorted(paths["ocr_calib"].glob("*.npy"))[:N_CALIB]
+    return [np.load(f, allow_pickle=False) for f in files]
+
+
+def _ocr_eval(n: int) -> tuple[list[np.ndarray], list]:
+    lines = assets.render_text_lines(n, EVAL_SEED, part="eval")
+    return [assets.ocr_preprocess(img) for img, _ in lines], [text for _, text in lines]
+
+
+_CHARSET: list[str] = []
+
+
+def _ocr_score(outs: list[np.ndarray], texts: list, _ref: list[np.ndarray]) -> dict[str, float]:
+    if not _CHARSET:
+        _CHARSET.extend(assets.ppocr_charset(assets.ppocr_rec_model()))
+    reads = [assets.normalize_text(assets.ctc_decode(o, _CHARSET)) for o in outs]
+    exact = sum(r == t for r, t in zip(reads, texts, strict=True)) / len(texts)
+    errors = sum(assets.edit_distance(r, t) for r, t in zip(reads, texts, strict=True))
+    return {"exact": exact, "char_acc": 1.0 - errors / sum(len(t) for t in texts)}
+
+
+def _mbv2_prepare(paths: dict[str, Path]) -> tuple[Path, dict]:
+    config = {
+        "quant": {
+            "calibration_method": "MinMax",
+            "input_configs": [
+                {
+                    "tensor_name": "DEFAULT",
+                    "calibration_dataset": str(paths["imagenet_calib"]),
+                    "calibration_format": "Image",
+                    "calibration_size": N_CALIB,
+                    "calibration_mean": list(assets.IMAGENET_MEAN),
+                    "calibration_std": list(assets.IMAGENET_STD),
+                }
+            ],
+        },
+        "input_processors": [{"tensor_name": "DEFAULT", "tensor_format": "RGB"}],
+    }
+    return paths["mobilenetv2"], config
+
+
+def _mbv2_calib(paths: dict[str, Path], model: Path) -> list[np.ndarray]:
+    """The jpgs as pulsar's Image format reads them: resized to the input H, W, RGB, (x - mean) / std."""
+    dims = [
+        d.dim_value
+        for d in onnx.load(str(model), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+    ]
+    h, w = dims[2], dims[3]
+    mean, std = np.array(assets.IMAGENET_MEAN, np.float32), np.array(assets.IMAGENET_STD, np.float32)
+    out = []
+    for jpg in sorted(paths["imagenet_calib"].glob("*.jpg"))[:N_CALIB]:
+        img = Image.open(jpg).convert("RGB")
+        if img.size != (w, h):
+            img = img.resize((w, h), Image.BILINEAR)
+        arr = (np.asarray(img, dtype=np.float32) - mean) / std
+        out.append(np.ascontiguousarray(arr.transpose(2, 0, 1)[None]))
+    return out
+
+
+def _mbv2_eval(n: int) -> tuple[list[np.ndarray], list]:
+    crops = assets.photo_crops(n, EVAL_SEED, part="eval")
+    return [assets.imagenet_preprocess(c) for c in crops], [None] * n
+
+
+def _mbv2_score(outs: list[np.ndarray], _labels: list, ref: list[np.ndarray]) -> dict[str, float]:
+    agree = [int(o.argmax()) == int(r.argmax()) for o, r in zip(outs, ref, strict=True)]
+    return {"top1_agree": float(np.mean(agree))}
+
+
+register(Spec("ocr", "PP-OCRv4 recognizer", "exact", _ocr_prepare, _ocr_calib, _ocr_eval, _ocr_score))
+register(Spec("mbv2", "MobileNetV2", "top1_agree", _mbv2_prepare, _mbv2_calib, _mbv2_eval, _mbv2_score))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    method: str
+    scores: dict[str, float]
+    build_s: float | None = None
+    session_diff: float | None = None
+    note: str = ""
+
+
+def _run_ort(model: Path, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    return [sess.run(None, {name: x})[0] for x in inputs]
+
+
+def _pulsar_build():
+    """pulsar.build, or None while the Python API is not there yet."""
+    try:
+        import pulsar
+
+        return pulsar.build
+    except (ImportError, AttributeError):
+        return None
+
+
+def _ort_input_fallback(model: Path, dest: Path) -> Path:
+    """Without pulsar: fix the input shape and move to opset 17 ourselves, as pulsar's frontend would."""
+    from onnx import version_converter
+
+    m = onnx.load(str(model))
+    if any(not d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim):
+        dims = m.graph.input[0].type.tensor_type.shape.dim
+        for d, v in zip(dims, (1, 3, assets.OCR_H, assets.OCR_W), strict=True):
+            d.Clear()
+            d.dim_value = v
+    opset = next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
+    if opset < 17:
+        m = version_converter.convert_version(m, 17)
+    m = onnx.shape_inference.infer_shapes(m)
+    onnx.save(m, str(dest))
+    return dest
+
+
+def _ort_quantize(src: Path, dest: Path, calib: list[np.ndarray], method: str) -> float:
+    from onnxruntime import quantization as q
+
+    name = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).get_inputs()[0].name
+
+    class Reader(q.CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it = iter(calib)
+
+        def get_next(self):
+            x = next(self._it, None)
+            return None if x is None else {name: x}
+
+    start = time.perf_counter()
+    q.quantize_static(
+        str(src),
+        str(dest),
+        Reader(),
+        quant_format=q.QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=q.QuantType.QUInt8,
+        weight_type=q.QuantType.QInt8,
+        calibrate_method=q.CalibrationMethod[method],
+    )
+    return time.perf_counter() - start
+
+
+def _session_diff(compiled: Path, quantized: Path, inputs: list[np.ndarray]) -> float:
+    """Max |pulsar.Session(compiled) - onnxruntime(quantized)| over a few evaluation inputs."""
+    import pulsar
+
+    sess = pulsar.Session(compiled)
+    name = sess.inputs[0].name
+    ref = _run_ort(quantized, inputs)
+    diff = 0.0
+    for x, r in zip(inputs, ref, strict=True):
+        out = next(iter(sess.run({name: x}).values()))
+        diff = max(diff, float(np.abs(np.asarray(out, np.float32) - r).max()))
+    return diff
+
+
+def bench_model(spec: Spec, paths: dict[str, Path], work: Path, args: argparse.Namespace) -> list[Row]:
+    float_model, config = spec.prepare(paths)
+    inputs, labels = spec.eval_data(args.eval_n)
+    ref = _run_ort(float_model, inputs)
+    rows = [Row("float", spec.score(ref, labels, ref))]
+    check = inputs[: args.check_n]
+
+    build = None if args.no_pulsar else _pulsar_build()
+    optimized: Path | None = None
+    if build is None and not args.no_pulsar:
+        print("  pulsar.build is not available: running the onnxruntime half only", file=sys.stderr)
+    for method in args.pulsar_methods if build else ():
+        out_dir = work / spec.name / f"pulsar_{method}"
+        start = time.perf_counter()
+        try:
+            res = build(
+                input=str(float_model),
+                output_dir=str(out_dir),
+                config=config,
+                overrides={"quant.calibration_method": method},
+                quiet=True,
+            )
+        except Exception as exc:  # one failing method must not hide the others' figures
+            rows.append(Row(f"pulsar {method}", {}, note=f"build failed: {exc}"))
+            continue
+        seconds = time.perf_counter() - start
+        optimized = optimized or Path(res.optimized_model)
+        row = Row(
+            f"pulsar {method}", spec.score(_run_ort(Path(res.quantized_model), inputs), labels, ref), seconds
+        )
+        try:
+            row.session_diff = _session_diff(Path(res.compiled_model), Path(res.quantized_model), check)
+        except Exception as exc:
+            row.note = f"Session check failed: {exc}"
+        rows.append(row)
+
+    ort_dir = work / spec.name / "ort"
+    ort_dir.mkdir(parents=True, exist_ok=True)
+    ort_src = optimized or _ort_input_fallback(float_model, ort_dir / "float_fixed.onnx")
+    calib = spec.calib(paths, ort_src)
+    for method in args.ort_methods:
+        dest = ort_dir / f"ort_{method}.onnx"
+        try:
+            seconds = _ort_quantize(ort_src, dest, calib, method)
+        except Exception as exc:
+            rows.append(Row(f"ORT {method}", {}, note=f"quantize_static failed: {exc}"))
+            continue
+        rows.append(Row(f"ORT {method}", spec.score(_run_ort(dest, inputs), labels, ref), seconds))
+    return rows
+
+
+def format_table(spec: Spec, rows: list[Row], eval_n: int) -> str:
+    keys = list(rows[0].scores)
+    head = ["method", *keys, "build s", "Session vs ORT max|diff|", "note"]
+    body = [
+        [
+            r.method,
+            *(f"{r.scores[k]:.3f}" if k in r.scores else "-" for k in keys),
+            "-" if r.build_s is None else f"{r.build_s:.1f}",
+            "-" if r.session_diff is None else f"{r.session_diff:.3g}",
+            r.note,
+        ]
+        for r in rows
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
+    lines = [f"{spec.title} ({spec.name}), {eval_n} evaluation samples, {N_CALIB} calibration samples"]
+    for i, cells in enumerate([head, *body]):
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="pulsar vs onnxruntime quantization accuracy")
+    parser.add_argument("--models", type=_csv, default=list(SPECS), help=f"comma list of {', '.join(SPECS)}")
+    parser.add_argument(
+        "--eval-n", type=int, default=200, help="evaluation samples per model (>= 100 advised)"
+    )
+    parser.add_argument("--pulsar-methods", type=_csv, default=list(PULSAR_METHODS))
+    parser.add_argument("--ort-methods", type=_csv, default=list(ORT_METHODS))
+    parser.add_argument("--check-n", type=int, default=3, help="samples for the Session vs onnxruntime check")
+    parser.add_argument("--no-pulsar", action="store_true", help="only the onnxruntime baseline")
+    parser.add_argument("--work-dir", type=Path, help="keep builds here (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.models if m not in SPECS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {list(SPECS)}")
+    bad = [m for m in args.ort_methods if m not in ("MinMax", "Entropy", "Percentile", "Distribution")]
+    if bad:
+        parser.error(f"unknown onnxruntime method(s) {bad}")
+
+    with tempfile.TemporaryDirectory(prefix="pulsar-bench-") as tmp:
+        work = args.work_dir or Path(tmp)
+        paths = assets.make_example_assets(work / "assets", n_calib=N_CALIB)
+        results = {}
+        for name in args.models:
+            spec = SPECS[name]
+            print(f"== {spec.title}", file=sys.stderr, flush=True)
+            rows = bench_model(spec, paths, work, args)
+            print(format_table(spec, rows, args.eval_n) + "\n", flush=True)
+            results[name] = [r.__dict__ for r in rows]
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+from pulsar.cli import main
+
+main()

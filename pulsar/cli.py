@@ -1,0 +1,181 @@
+"""The ``pulsar`` command: a thin layer over :mod:`pulsar.api`.
+
+``build`` flags are generated from the config schema (``--section.field``), so they are parsed here
+from the raw words rather than declared one by one.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from pulsar import __version__
+from pulsar.errors import PulsarError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="pulsar: float ONNX -> quantized, compiled NPU model, driven by one config file.")
+config_app = typer.Typer(no_args_is_help=True, help="Inspect the config schema, print defaults, validate a file.")
+app.add_typer(config_app, name="config")
+
+F = TypeVar("F", bound=Callable[..., Any])
+_BUILD_FLAGS = {"--config": "value", "--debug": "bool", "--quiet": "bool", "--help": "bool", "-h": "bool"}
+
+
+def _fail(message: str, debug: bool = False) -> None:
+    from pulsar.ui import console
+
+    if debug:
+        console.print_exception()
+    for i, line in enumerate(message.split("\n")):
+        console.print(("[bold red]error:[/] " if i == 0 else "  ") + line, markup=True, highlight=False,
+                      soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def guarded(fn: F) -> F:
+    """User errors -> one line on stderr, exit 2; a traceback only with --debug."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = bool(kwargs.get("debug")) or "--debug" in sys.argv
+        try:
+            return fn(*args, **kwargs)
+        except PulsarError as e:
+            from pulsar.config import ConfigError
+
+            _fail("\n".join(e.problems) if isinstance(e, ConfigError) and len(e.problems) > 1 else str(e), debug)
+        except KeyboardInterrupt:
+            _fail("interrupted", debug)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _build_help() -> None:
+    from rich.table import Table
+
+    from pulsar.config.overrides import describe_leaf
+    from pulsar.config.schema import default_config, leaves, section_of
+    from pulsar.ui import console
+
+    defaults = default_config()
+
+    def default_of(leaf: Any) -> Any:
+        node: Any = defaults
+        for p in leaf.path:
+            node = node.get(p) if isinstance(node, dict) else None
+        return node
+
+    console.print("Usage: pulsar build --input MODEL.onnx --output_dir DIR [--config CFG] [--section.field VALUE ...]\n")
+    console.print("Build a compiled NPU model. Precedence: command line > config file (json/yaml/toml) > defaults.")
+    console.print("Bool flags: bare flag = true, or give true|false|1|0. Lists: several words or a,b,c.\n")
+    t = Table(title="general", title_justify="left", show_lines=False)
+    for c in ("option", "type", "default", "description"):
+        t.add_column(c)
+    t.add_row("--config", "path", "''", "config file (.json with # comments, .yaml/.yml, .toml)")
+    t.add_row("--debug", "bool", "false", "show tracebacks and debug logs")
+    t.add_row("--quiet", "bool", "false", "only warnings and errors on the console (build.log still has everything)")
+    console.print(t)
+    sections: dict[str, Table] = {}
+    for leaf in leaves():
+        sec = section_of(leaf)
+        if sec not in sections:
+            sections[sec] = Table(title=sec, title_justify="left")
+            for c in ("option", "type", "default", "description"):
+                sections[sec].add_column(c, overflow="fold")
+        type_name, default, desc = describe_leaf(leaf, default_of)
+        sections[sec].add_row(leaf.flag, type_name, default, desc)
+    for t in sections.values():
+        console.print(t)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False, help="Build: optimize, calibrate, quantize and compile a model (see --help).")
+def build(ctx: typer.Context) -> None:
+    _build(list(ctx.args))
+
+
+@guarded
+def _build(words: list[str]) -> None:
+    from pulsar.config.overrides import parse_overrides
+
+    if not words or "--help" in words or "-h" in words:
+        _build_help()
+        return
+    overrides, others = parse_overrides(words, extra_flags=_BUILD_FLAGS)
+    from pulsar.api import build as api_build
+
+    api_build(config=others.get("--config"), overrides=overrides, quiet=bool(others.get("--quiet")),
+              debug=bool(others.get("--debug")))
+
+
+@app.command(help="Run a compiled model: read inputs per tensor, write one .npy per output.")
+@guarded
+def run(
+    model: Annotated[Path, typer.Option("--model", help="compiled model file")],
+    output_dir: Annotated[Path, typer.Option("--output_dir", help="where the .npy outputs go")],
+    input_dir: Annotated[Path | None, typer.Option("--input_dir", help="files <tensor>.npy / .bin")] = None,
+    list_file: Annotated[Path | None, typer.Option("--list", help="text file: one sample dir per line")] = None,
+    random_input: Annotated[bool, typer.Option("--random_input", help="feed seeded random inputs")] = False,
+    mode: Annotated[str, typer.Option("--mode", help="Reference (float QDQ simulation)")] = "Reference",
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+) -> None:
+    from pulsar.api import run_model
+
+    run_model(model=model, output_dir=output_dir, input_dir=input_dir, list_file=list_file,
+              random_input=random_input, mode=mode)
+
+
+@config_app.command("schema", help="Print the JSON Schema of the build config.")
+def config_schema() -> None:
+    from pulsar.config import load_schema
+
+    typer.echo(json.dumps(load_schema(), indent=2))
+
+
+@config_app.command("defaults", help="Print a complete config with every default (json, yaml or toml).")
+@guarded
+def config_defaults(
+    fmt: Annotated[str, typer.Option("--format", help="json | yaml | toml")] = "json",
+) -> None:
+    from pulsar.config.dump import dump_config
+    from pulsar.config.schema import default_config
+
+    typer.echo(dump_config(default_config(), fmt), nl=False)
+
+
+@config_app.command("validate", help="Validate a config file (optionally against a model: tensor / layer names).")
+@guarded
+def config_validate(
+    path: Annotated[Path, typer.Argument(help="config file")],
+    model: Annotated[Path | None, typer.Option("--input", help="also check names against this ONNX model")] = None,
+    debug: Annotated[bool, typer.Option("--debug")] = False,
+) -> None:
+    from pulsar.config import load_build_config
+    from pulsar.ui import console
+
+    eff = load_build_config(path, require_io=False)
+    if model is not None:
+        from pulsar.config.semantic import check_against_model
+        from pulsar.frontend.loader import load_model
+
+        check_against_model(eff.cfg, load_model(model), source=str(path))
+    console.print(f"[green]ok[/]: {path} is a valid pulsar build config")
+
+
+@app.command(help="Print the pulsar version.")
+def version() -> None:
+    typer.echo(f"pulsar {__version__}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

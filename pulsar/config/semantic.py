@@ -1,0 +1,71 @@
+"""Checks that need the model: every name the config mentions must exist in it.
+
+Collected all at once (like schema errors) so a user fixes a config in one round trip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from pulsar.config.validate import ConfigError
+from pulsar.errors import did_you_mean
+
+DEFAULT = "DEFAULT"
+
+
+def _names_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def check_against_model(cfg: Any, model: onnx.ModelProto, source: str = "config") -> None:
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    inputs = [i.name for i in g.input if i.name not in inits]
+    outputs = [o.name for o in g.output]
+    nodes = [n.name for n in g.node]
+    op_types = sorted({n.op_type for n in g.node})
+    tensors = set(inputs) | {o for n in g.node for o in n.output} | inits
+    problems: list[str] = []
+
+    def need(path: str, name: str, pool: list[str] | set[str], what: str, default_ok: bool = False) -> None:
+        if (default_ok and name == DEFAULT) or name in pool:
+            return
+        problems.append(f"{path}: '{name}' is not {what} of the model{did_you_mean(name, pool)}")
+
+    for i, ic in enumerate(cfg.quant.input_configs):
+        need(f"quant.input_configs[{i}].tensor_name", ic.tensor_name, inputs, "an input", True)
+        if not Path(ic.calibration_dataset).exists():
+            problems.append(f"quant.input_configs[{i}].calibration_dataset: '{ic.calibration_dataset}' does not "
+                            "exist (a directory, .tar, .tar.gz or .zip; relative paths start at the current "
+                            "directory)")
+    for i, lc in enumerate(cfg.quant.layer_configs):
+        base = f"quant.layer_configs[{i}]"
+        for n in _names_list(lc.layer_name) + _names_list(lc.layer_names):
+            need(f"{base}.layer_name", n, nodes, "a layer (node name)")
+        for t in _names_list(lc.op_type) + _names_list(lc.op_types):
+            need(f"{base}.op_type", t, op_types, "an op type")
+        for key in ("start_tensor_names", "end_tensor_names"):
+            for t in _names_list(getattr(lc, key)):
+                need(f"{base}.{key}", t, tensors, "a tensor", True)
+    for i, p in enumerate(cfg.input_processors):
+        need(f"input_processors[{i}].tensor_name", p.tensor_name, inputs, "an input", True)
+    for i, p in enumerate(cfg.output_processors):
+        need(f"output_processors[{i}].tensor_name", p.tensor_name, outputs, "an output", True)
+    for i, p in enumerate(cfg.op_processors):
+        need(f"op_processors[{i}].op_name", p.op_name, nodes, "a layer (node name)")
+    for i, p in enumerate(cfg.const_processors):
+        need(f"const_processors[{i}].name", p.name, inits, "a constant")
+    for i, sc in enumerate(cfg.compiler.sub_configs):
+        for key in ("start_tensor_names", "end_tensor_names"):
+            for t in _names_list(getattr(sc, key)):
+                need(f"compiler.sub_configs[{i}].{key}", t, tensors, "a tensor")
+    if not cfg.quant.input_configs:
+        problems.append("quant.input_configs: empty; give calibration data for each input, e.g. "
+                        '[{"tensor_name": "DEFAULT", "calibration_dataset": "calib/", "calibration_format": "Numpy"}]')
+    if problems:
+        raise ConfigError(problems, source)

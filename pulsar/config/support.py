@@ -1,0 +1,129 @@
+"""What this version of pulsar implements, as data.
+
+The schema describes the whole product; a field whose feature is not built yet is *rejected* with a
+message naming it when set away from its default, never accepted and silently ignored. Each rule is
+removed when its feature lands.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pulsar.config.schema import load_schema, resolve
+
+_NOT_YET = "not supported by this pulsar version yet"
+
+
+@dataclass(frozen=True)
+class Rule:
+    path: str  # dotted, with [*] for every list item
+    allowed: Callable[[Any, dict[str, Any]], bool]
+    why: str
+
+
+def _default(value: Any, _cfg: dict[str, Any], *, default: Any) -> bool:
+    return value == default
+
+
+def _at_default(path: str, why: str = _NOT_YET) -> Rule:
+    node: dict[str, Any] = load_schema()
+    for part in path.replace("[*]", "").split("."):
+        node = resolve(node)
+        node = node.get("properties", {}).get(part) or resolve(node.get("items", {})).get("properties", {})[part]
+    default = resolve(node).get("default")
+    return Rule(path, lambda v, _c, d=default: v is None or v == d, why)
+
+
+def _same_or_unset(other: str, unset: tuple[Any, ...] = (None,)) -> Callable[[Any, dict[str, Any]], bool]:
+    return lambda v, item: v in unset or v == item.get(other)
+
+
+_FINETUNE = "only used by AdaRound / BRECQ / LSQ fine-tuning, which is not available yet"
+_PREPROC = "preprocessing inside the model (layout, dtype, color conversion, normalization, padding) is not available yet"
+
+RULES: list[Rule] = [
+    Rule("model_type", lambda v, _c: v == "ONNX", "only float ONNX input (model_type ONNX) is available yet"),
+    _at_default("onnx_opt.save_tensors_data"),
+    _at_default("quant.layer_configs", "mixed precision is not available yet; every layer uses U8 activations"),
+    _at_default("quant.precision_analysis"),
+    _at_default("quant.precision_analysis_method", "only used with quant.precision_analysis"),
+    _at_default("quant.precision_analysis_mode", "only used with quant.precision_analysis"),
+    _at_default("quant.input_sample_dir", "only used with quant.precision_analysis"),
+    _at_default("quant.highest_mix_precision"),
+    _at_default("quant.ln_scale_data_type"),
+    _at_default("quant.enable_smooth_quant"),
+    _at_default("quant.smooth_quant_threshold", "only used with quant.enable_smooth_quant"),
+    _at_default("quant.smooth_quant_strength", "only used with quant.enable_smooth_quant"),
+    _at_default("quant.transformer_opt_level"),
+    _at_default("quant.disable_auto_refine_scale"),
+    _at_default("quant.enable_easy_quant"),
+    _at_default("quant.disable_quant_optimization"),
+    _at_default("quant.enable_brecq"),
+    _at_default("quant.enable_lsq"),
+    _at_default("quant.enable_adaround"),
+    _at_default("quant.finetune_epochs", _FINETUNE),
+    _at_default("quant.finetune_block_size", _FINETUNE),
+    _at_default("quant.finetune_batch_size", _FINETUNE),
+    _at_default("quant.finetune_lr", _FINETUNE),
+    _at_default("quant.device", _FINETUNE + "; calibration runs in onnxruntime on the CPU"),
+    Rule("input_processors[*].src_format", _same_or_unset("tensor_format", (None, "AutoColorSpace")), _PREPROC),
+    Rule("input_processors[*].src_layout", _same_or_unset("tensor_layout"), _PREPROC),
+    Rule("input_processors[*].src_dtype", lambda v, _c: v in (None, "FP32"), _PREPROC),
+    _at_default("input_processors[*].src_extra_shapes"),
+    _at_default("input_processors[*].csc_mode", _PREPROC),
+    _at_default("input_processors[*].csc_mat", _PREPROC),
+    _at_default("input_processors[*].mean", _PREPROC + "; calibration_mean / calibration_std normalize Image data"),
+    _at_default("input_processors[*].std", _PREPROC + "; calibration_mean / calibration_std normalize Image data"),
+    _at_default("input_processors[*].padding", _PREPROC),
+    _at_default("input_processors[*].padding_constant_value", _PREPROC),
+    _at_default("input_processors[*].slicing", _PREPROC),
+    _at_default("output_processors"),
+    _at_default("const_processors"),
+    _at_default("op_processors"),
+    _at_default("quant_op_processors"),
+    _at_default("compiler.static_batch_sizes", "multi-batch compilation is not available yet"),
+    _at_default("compiler.max_dynamic_batch_size", "multi-batch compilation is not available yet"),
+    _at_default("compiler.disable_ir_fix", "only used by multi-batch compilation, which is not available yet"),
+    _at_default("compiler.ddr_bw_limit", "the performance estimate is not available yet"),
+    _at_default("compiler.npu_perf", "the performance estimate is not available yet"),
+    _at_default("compiler.check_mode", "only CheckOutput is available yet"),
+    _at_default("compiler.check_tensor_black_list", "only used by check_mode CheckPerLayer"),
+    _at_default("compiler.enable_slice_mode"),
+    _at_default("compiler.enable_tile_mode"),
+    _at_default("compiler.enable_data_soft_compression"),
+    _at_default("compiler.sub_configs"),
+]
+
+
+def _values(data: Any, parts: list[str], prefix: str, parent: dict[str, Any]) -> Iterator[tuple[str, Any, dict]]:
+    if not parts:
+        yield prefix, data, parent
+        return
+    head, rest = parts[0], parts[1:]
+    star = head.endswith("[*]")
+    key = head[:-3] if star else head
+    if not isinstance(data, dict) or key not in data:
+        if not star and not rest:
+            yield f"{prefix}.{key}".lstrip("."), None, data if isinstance(data, dict) else {}
+        return
+    value = data[key]
+    path = f"{prefix}.{key}".lstrip(".")
+    if star:
+        for i, item in enumerate(value or []):
+            yield from _values(item, rest, f"{path}[{i}]", item)
+    else:
+        yield from _values(value, rest, path, data)
+
+
+def check_supported(config: dict[str, Any]) -> list[str]:
+    """One problem line per field set to a value this version cannot honour."""
+    problems = []
+    for rule in RULES:
+        for path, value, parent in _values(config, rule.path.split("."), "", config):
+            if not rule.allowed(value, parent):
+                shown = json.dumps(value) if not isinstance(value, str) else repr(value)
+                problems.append(f"{path}: {shown} is not accepted: {rule.why}; remove the field or leave it at its default")
+    return problems

@@ -1,0 +1,30 @@
+"""State shared by the build stages: the config, output paths, console/timing, and the model as it
+moves from stage to stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from pulsar.ui import Stages
+
+
+@dataclass
+class BuildContext:
+    cfg: Any                       # typed BuildConfig
+    data: dict[str, Any]           # effective config as written to build_config.json
+    config_hash: str
+    output_dir: Path
+    work_dir: Path
+    stages: Stages
+    quiet: bool = False
+    model: onnx.ModelProto | None = None        # the float model (optimized after the frontend)
+    calibration: Any = None                     # pulsar.quant.datasets.CalibrationData
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    check_samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def path(self, *parts: str) -> Path:
+        return self.output_dir.joinpath(*parts)

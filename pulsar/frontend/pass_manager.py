@@ -1,0 +1,185 @@
+"""Run the frontend passes to a fixed point, verifying every change in onnxruntime.
+
+A graph rewrite that silently changes the numbers would surface much later as "quantization lost
+accuracy"; checking each pass against the graph before it pins a bug to the pass that caused it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from pulsar.errors import PulsarError, did_you_mean
+from pulsar.frontend.check import Sample, compare_models, compare_outputs, random_samples, run
+from pulsar.frontend.graph import subgraphs
+from pulsar.frontend.loader import name_nodes
+from pulsar.frontend.passes import DEFAULT_PASSES, PASSES
+from pulsar.frontend.shapes import infer_shapes
+
+__all__ = ["PassRecord", "compare_models", "op_histogram", "optimize", "simplify_with_onnxslim"]
+
+log = logging.getLogger(__name__)
+
+MAX_ITERATIONS = 10
+_PROTO_LIMIT = 2**31 - 1
+_SKIP_HINT = (
+    "this is a pulsar bug worth reporting; set `onnx_opt.disable_transformation_check: true` to skip "
+    "the check (or `onnx_opt.disable_onnx_optimization: true` to skip the passes)"
+)
+
+
+@dataclass
+class PassRecord:
+    """What one pass did over the whole run (summed over fixed-point iterations)."""
+
+    name: str
+    changed_iterations: int = 0
+    nodes_before: int = 0
+    nodes_after: int = 0
+    seconds: float = 0.0
+    check_seconds: float = 0.0
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _validate(names: Sequence[str]) -> list[str]:
+    for name in names:
+        if name not in PASSES:
+            raise PulsarError(
+                f'onnx_opt: unknown frontend pass "{name}"{did_you_mean(name, PASSES)}; '
+                f"known passes: {', '.join(sorted(PASSES))}"
+            )
+    return list(names)
+
+
+def _check(
+    name: str, model: onnx.ModelProto, samples: list[Sample], ref: list[dict], rtol: float
+) -> list[dict]:
+    """Run the rewritten model, compare with the outputs before the pass; return the new outputs."""
+    try:
+        new = run(model, samples)
+    except Exception as exc:
+        raise PulsarError(
+            f'transformation check: after frontend pass "{name}" onnxruntime cannot run the model '
+            f"({_first_line(exc)}); {_SKIP_HINT}"
+        ) from exc
+    for row in compare_outputs(ref, new):
+        if not row["rel_diff"] <= rtol:  # also catches NaN
+            raise PulsarError(
+                f'transformation check failed after frontend pass "{name}": output "{row["output"]}" '
+                f"differs from the graph before the pass (max abs diff {row['max_abs_diff']:.3g}, "
+                f"relative {row['rel_diff']:.3g} > rtol {rtol:g}); {_SKIP_HINT}"
+            )
+    return new
+
+
+def optimize(
+    model: onnx.ModelProto,
+    passes: list[str] | None = None,
+    *,
+    check: bool = True,
+    samples: list[dict[str, np.ndarray]] | None = None,
+    rtol: float = 1e-4,
+) -> tuple[onnx.ModelProto, list[PassRecord]]:
+    """Apply ``passes`` (default :data:`DEFAULT_PASSES`) until none changes the graph.
+
+    Works on a copy: the caller's model stays the original for the final ``model_check``.
+    """
+    names = _validate(DEFAULT_PASSES if passes is None else passes)
+    model = (
+        onnx.ModelProto.FromString(model.SerializeToString()) if model.ByteSize() <= _PROTO_LIMIT else model
+    )
+    if check and model.ByteSize() > _PROTO_LIMIT:
+        log.warning("model is over 2 GB in memory; the transformation check is skipped")
+        check = False
+    records = {name: PassRecord(name) for name in names}
+    ref: list[dict] = []
+    if check:
+        samples = list(samples) if samples is not None else random_samples(model)
+        try:
+            ref = run(model, samples)
+        except Exception as exc:
+            raise PulsarError(
+                f"transformation check: onnxruntime cannot run the input model ({_first_line(exc)}); "
+                "fix the model or set `onnx_opt.disable_transformation_check: true`"
+            ) from exc
+
+    for iteration in range(MAX_ITERATIONS):
+        changed_any = False
+        for name in names:
+            record = records[name]
+            if iteration == 0:
+                record.nodes_before = len(model.graph.node)
+            start = time.perf_counter()
+            try:
+                changed = PASSES[name](model)
+            except PulsarError:
+                raise
+            except Exception as exc:
+                raise RuntimeError(f'frontend pass "{name}" failed: {exc}') from exc
+            record.seconds += time.perf_counter() - start
+            if changed:
+                record.changed_iterations += 1
+                changed_any = True
+                if check:
+                    start = time.perf_counter()
+                    ref = _check(name, model, samples, ref, rtol)
+                    record.check_seconds += time.perf_counter() - start
+            record.nodes_after = len(model.graph.node)
+        if not changed_any:
+            break
+    else:
+        log.warning("frontend passes still changed the graph after %d iterations; stopping", MAX_ITERATIONS)
+
+    del model.graph.value_info[:]  # annotations of removed / renamed tensors: re-infer from scratch
+    model = infer_shapes(model)
+    for record in records.values():
+        log.debug(
+            "pass %s: changed in %d iteration(s), %d -> %d nodes, %.3fs (+%.3fs check)",
+            record.name, record.changed_iterations, record.nodes_before, record.nodes_after,
+            record.seconds, record.check_seconds,
+        )  # fmt: skip
+    return model, list(records.values())
+
+
+def simplify_with_onnxslim(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``onnx_opt.enable_onnxsim``: onnxslim's folding and fusions on a copy of the model."""
+    import onnxslim
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    try:
+        slimmed = onnxslim.slim(copy)
+    except Exception as exc:
+        raise PulsarError(
+            f"onnx_opt.enable_onnxsim: onnxslim failed on this model ({_first_line(exc)}); "
+            "set `onnx_opt.enable_onnxsim: false`"
+        ) from exc
+    if not isinstance(slimmed, onnx.ModelProto):
+        raise PulsarError(
+            "onnx_opt.enable_onnxsim: onnxslim returned no model; set `onnx_opt.enable_onnxsim: false`"
+        )
+    name_nodes(slimmed.graph)
+    return slimmed
+
+
+def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for sub in subgraphs(node):
+            yield from _all_nodes(sub)
+
+
+def op_histogram(model: onnx.ModelProto) -> dict[str, int]:
+    """op_type -> count (subgraphs included), most frequent first, for the before/after report."""
+    counts = Counter(node.op_type for node in _all_nodes(model.graph))
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))

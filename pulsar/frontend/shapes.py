@@ -1,0 +1,127 @@
+"""Input shape fixing and shape inference.
+
+Quantization and compilation need every tensor shape known, while exported models often carry
+symbolic dims (batch, height, width). ``input_shapes`` pins the graph inputs; shape inference then
+propagates the fixed dims through the graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import onnx
+
+from pulsar.errors import PulsarError, did_you_mean
+from pulsar.frontend.graph import dims_of, graph_input_names
+
+log = logging.getLogger(__name__)
+
+_FORMAT = 'expected "name:d0xd1x...;name2:..." with positive integer dims, e.g. "x:1x3x224x224"'
+_DIMS = re.compile(r"^\d+(x\d+)*$")
+_PROTO_LIMIT = 2**31 - 1
+
+
+def parse_input_shapes(text: str) -> dict[str, list[int]]:
+    """Parse ``"a:1x3x224x224;b:1x16"``; the last ``:`` splits, so names like ``in:0`` work."""
+    shapes: dict[str, list[int]] = {}
+    for part in (text or "").split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, dims = part.rpartition(":")
+        name, dims = name.strip(), dims.strip().lower().replace(" ", "")
+        if not sep or not name or not _DIMS.match(dims):
+            raise PulsarError(f'input_shapes: cannot parse "{part}"; {_FORMAT}')
+        values = [int(d) for d in dims.split("x")]
+        if any(v <= 0 for v in values):
+            raise PulsarError(f'input_shapes: "{part}" has a zero dim; dims must be positive; {_FORMAT}')
+        if name in shapes:
+            raise PulsarError(f'input_shapes: input "{name}" is given twice; give each input once')
+        shapes[name] = values
+    return shapes
+
+
+def _shape_text(dims: list[int | str | None]) -> str:
+    return "[" + ", ".join("?" if not isinstance(d, int) else str(d) for d in dims) + "]"
+
+
+def apply_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """Pin graph input dims, drop shape annotations derived from the old dims, and re-infer."""
+    if not shapes:
+        return model
+    graph = model.graph
+    real_inputs = graph_input_names(graph)
+    by_name = {i.name: i for i in graph.input}
+    for name, dims in shapes.items():
+        if name not in real_inputs:
+            raise PulsarError(
+                f'input_shapes: the model has no input "{name}"{did_you_mean(name, real_inputs)}; '
+                f"its inputs are: {', '.join(real_inputs) or '(none)'}"
+            )
+        vi = by_name[name]
+        if not vi.type.HasField("tensor_type"):
+            raise PulsarError(f'input_shapes: input "{name}" is not a tensor, its shape cannot be set')
+        old = dims_of(vi)
+        if old is not None:
+            if len(old) != len(dims):
+                raise PulsarError(
+                    f'input_shapes: input "{name}" has rank {len(old)} {_shape_text(old)} but '
+                    f"{len(dims)} dims were given ({'x'.join(map(str, dims))}); give {len(old)} dims"
+                )
+            for axis, (was, new) in enumerate(zip(old, dims, strict=True)):
+                if isinstance(was, int) and was > 0 and was != new:
+                    raise PulsarError(
+                        f'input_shapes: input "{name}" has fixed dim {axis} = {was} in the model '
+                        f"{_shape_text(old)} but {new} was given; keep {was} there"
+                    )
+        shape = vi.type.tensor_type.shape
+        shape.Clear()
+        for d in dims:
+            shape.dim.add().dim_value = int(d)
+        log.info("input %s fixed to %s", name, "x".join(map(str, dims)))
+    # Every intermediate and output annotation may depend on the old dims; inference rebuilds them.
+    del graph.value_info[:]
+    for out in graph.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+    return infer_shapes(model)
+
+
+def require_static_inputs(model: onnx.ModelProto) -> None:
+    """Refuse graph inputs whose dims are still unknown: later stages need concrete shapes."""
+    by_name = {i.name: i for i in model.graph.input}
+    problems, examples = [], []
+    for name in graph_input_names(model.graph):
+        vi = by_name[name]
+        if not vi.type.HasField("tensor_type"):
+            continue
+        dims = dims_of(vi)
+        if dims is not None and all(isinstance(d, int) and d > 0 for d in dims):
+            continue
+        if dims is None:
+            problems.append(f'"{name}" (no shape)')
+            examples.append(f"{name}:1x...")
+            continue
+        problems.append(f'"{name}" {_shape_text(dims)}')
+        example = [str(d) if isinstance(d, int) and d > 0 else "N" for d in dims]
+        example[0] = "1" if example[0] == "N" else example[0]  # unknown batch: 1 is the usual choice
+        examples.append(f"{name}:{'x'.join(example)}")
+    if problems:
+        raise PulsarError(
+            f"model input {', '.join(problems)} has unknown dims; set `input_shapes` to the sizes you "
+            f'will run with, e.g. input_shapes: "{";".join(examples)}" with each N replaced by a number '
+            '(like "x:1x3x48x320")'
+        )
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX shape inference with data propagation; returns the model unchanged if inference fails."""
+    if model.ByteSize() > _PROTO_LIMIT:
+        log.warning("model is over 2 GB in memory; shape inference skipped")
+        return model
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as exc:  # inference is best effort: partial info must never stop a build
+        log.debug("shape inference failed: %s", exc)
+        return model

@@ -1,0 +1,62 @@
+"""Frontend stage: load, fix shapes, check config names, optimize, write frontend/optimized.onnx."""
+
+from __future__ import annotations
+
+import logging
+from itertools import islice
+
+import onnx
+
+from pulsar.config.semantic import check_against_model
+from pulsar.context import BuildContext
+from pulsar.frontend.loader import load_model
+from pulsar.frontend.pass_manager import compare_models, op_histogram, optimize, simplify_with_onnxslim
+from pulsar.frontend.shapes import apply_input_shapes, infer_shapes, parse_input_shapes, require_static_inputs
+from pulsar.ui import show, table
+from pulsar.utils.atomic import atomic_write_bytes
+
+log = logging.getLogger(__name__)
+
+
+def load_and_check(ctx: BuildContext) -> onnx.ModelProto:
+    """Load the model with ``input_shapes`` applied and validate every config name against it."""
+    cfg = ctx.cfg
+    model = load_model(cfg.input)
+    shapes = parse_input_shapes(cfg.input_shapes)
+    if shapes:
+        model = apply_input_shapes(model, shapes)
+    require_static_inputs(model)
+    check_against_model(cfg, model)
+    return infer_shapes(model)
+
+
+def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProto:
+    opt = ctx.cfg.onnx_opt
+    samples = list(islice(iter(ctx.calibration), 2)) if ctx.calibration is not None else None
+    ctx.check_samples = samples or []
+    model = original
+    before = op_histogram(model)
+    if opt.enable_onnxsim:
+        model = simplify_with_onnxslim(model)
+        log.info("onnxslim: %d -> %d nodes", len(original.graph.node), len(model.graph.node))
+    records = []
+    if not opt.disable_onnx_optimization:
+        model, records = optimize(model, check=not opt.disable_transformation_check, samples=samples)
+    model = infer_shapes(model)
+    after = op_histogram(model)
+    rows = [(op, before.get(op, 0), after.get(op, 0)) for op in sorted(set(before) | set(after))]
+    rows.append(("total", sum(before.values()), sum(after.values())))
+    show(table("Graph optimization (op counts)", ["op type", "before", "after"], rows), quiet=ctx.quiet)
+    changed = [r for r in records if r.changed_iterations]
+    if changed:
+        show(table("Passes that changed the graph", ["pass", "iterations", "seconds"],
+                   [(r.name, r.changed_iterations, f"{r.seconds:.2f}") for r in changed]), quiet=ctx.quiet)
+    if opt.model_check:
+        rows = compare_models(original, model, samples)
+        show(table("Model check: optimized vs original", ["output", "max abs diff", "rel diff", "cosine"],
+                   [(r["output"], f"{r['max_abs_diff']:.3g}", f"{r['rel_diff']:.3g}", f"{r['cosine']:.6f}")
+                    for r in rows]), quiet=ctx.quiet)
+    path = ctx.path("frontend", "optimized.onnx")
+    atomic_write_bytes(path, model.SerializeToString())
+    ctx.artifacts["optimized float model"] = path
+    return model

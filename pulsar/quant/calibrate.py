@@ -1,0 +1,264 @@
+"""Calibration: run the float model once over the calibration data, collecting statistics for every
+tensor that will be quantized, then turn them into ranges with any calibration method.
+
+The pass is the expensive part (the real models expose 500-1500 tensors), so it is done once and
+its statistics are enough for all methods (see :mod:`pulsar.quant.observers.histogram`). They are
+cached under a key the caller derives from model + data + config, so trying another calibration
+method or precision only re-runs :func:`compute_ranges`, which takes seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from pulsar.errors import PulsarError, did_you_mean
+from pulsar.quant.observers import DEFAULT_NUM_BINS, TensorStats, compute_range, get_method
+from pulsar.utils.atomic import atomic_path
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "TensorStats",
+    "collect_statistics",
+    "compute_ranges",
+    "load_statistics",
+    "save_statistics",
+    "stats_from_arrays",
+    "stats_to_arrays",
+]
+
+_CACHE_VERSION = 1
+_KEY_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB cap, with room for the graph around the weights
+
+
+# ------------------------------------------------------------------------------------ statistics
+def collect_statistics(
+    model: onnx.ModelProto,
+    tensor_names: list[str],
+    samples: Iterable[dict[str, np.ndarray]],
+    *,
+    progress: Callable[[int], None] | None = None,
+    cache_dir: str | Path | None = None,
+    cache_key: str | None = None,
+    num_bins: int = DEFAULT_NUM_BINS,
+) -> dict[str, TensorStats]:
+    """Statistics of ``tensor_names`` over all ``samples`` (dicts input name -> array).
+
+    Graph inputs are read from the feed; intermediate tensors are exposed as extra outputs of a
+    copy of the model run in onnxruntime on CPU. Initializers are skipped (weights are ranged by
+    the exporter), so they are absent from the result. ``progress(n)`` is called after each
+    sample with the number of samples done. With ``cache_dir`` and ``cache_key`` the statistics
+    are loaded from / saved to ``<cache_dir>/calib_stats_<key>.npz``.
+    """
+    names = list(dict.fromkeys(tensor_names))
+    cache_path = _cache_path(cache_dir, cache_key)
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer} | {t.name for t in graph.sparse_initializer}
+    inputs = {i.name: i for i in graph.input if i.name not in initializers}
+    produced = {out for node in graph.node for out in node.output if out}
+    unknown = [n for n in names if n not in inputs and n not in produced and n not in initializers]
+    if unknown:
+        candidates = [*inputs, *produced]
+        raise PulsarError(
+            f"calibration: tensor {unknown[0]!r} is not in the model{did_you_mean(unknown[0], candidates)}"
+            + (f" ({len(unknown) - 1} more unknown)" if len(unknown) > 1 else "")
+            + "; use tensor names that exist in the (simplified) float model"
+        )
+    skipped = [n for n in names if n in initializers and n not in produced]
+    if skipped:
+        log.debug("calibration: %d initializers skipped (weights): %s", len(skipped), skipped[:5])
+    from_feed = [n for n in names if n in inputs]
+    fetch = [n for n in names if n in produced]
+    if cache_path is not None:
+        cached = _load_cache(cache_path, [n for n in names if n in from_feed or n in fetch])
+        if cached is not None:
+            log.info("calibration statistics: cache hit, %s (model not run)", cache_path)
+            return cached
+        log.info("calibration statistics: cache miss, running the float model (%s)", cache_path.name)
+    stats = {n: TensorStats.empty(num_bins) for n in [*from_feed, *fetch]}
+
+    start, done = time.perf_counter(), 0
+    with _session(model, fetch) as session:
+        dtypes = {
+            n: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for n, i in inputs.items()
+        }
+        for done, sample in enumerate(samples, start=1):
+            feed = _make_feed(sample, inputs, dtypes, done)
+            for name in from_feed:
+                stats[name].update(feed[name])
+            outputs = session.run(fetch, feed) if fetch else []
+            del feed
+            for k, name in enumerate(fetch):
+                if outputs[k] is not None:
+                    stats[name].update(outputs[k])
+                outputs[k] = None  # let each activation go as soon as it is counted
+            del outputs
+            if progress is not None:
+                progress(done)
+    if done == 0:
+        raise PulsarError(
+            "calibration: the calibration data yielded no samples; check "
+            "quant.input_configs[].calibration_dataset and calibration_size"
+        )
+    log.info(
+        "calibration statistics: %d tensors over %d samples in %.1f s",
+        len(stats),
+        done,
+        time.perf_counter() - start,
+    )
+    if cache_path is not None:
+        save_statistics(cache_path, stats)
+    return stats
+
+
+def compute_ranges(
+    stats: dict[str, TensorStats],
+    method: str,
+    *,
+    num_bits: int = 8,
+    signed: bool = False,
+    symmetric: bool = False,
+    percentile: float = 99.99,
+) -> dict[str, tuple[float, float]]:
+    """Clipping range ``(lo, hi)``, ``lo <= 0 <= hi``, of every tensor with one method and grid."""
+    get_method(method)  # a bad method name fails even when there is nothing to calibrate
+    start = time.perf_counter()
+    ranges = {
+        name: compute_range(
+            s, method, num_bits=num_bits, signed=signed, symmetric=symmetric, percentile=percentile
+        )
+        for name, s in stats.items()
+    }
+    empty = [name for name, s in stats.items() if s.count == 0]
+    if empty:
+        log.warning(
+            "calibration: %d tensors never had a finite value, range (0, 0): %s", len(empty), empty[:5]
+        )
+    log.debug("%s ranges of %d tensors in %.2f s", method, len(ranges), time.perf_counter() - start)
+    return ranges
+
+
+# --------------------------------------------------------------------------------- onnxruntime
+@contextlib.contextmanager
+def _session(model: onnx.ModelProto, fetch: list[str]):
+    """An onnxruntime session on a copy of ``model`` that also outputs ``fetch``."""
+    if not fetch:
+        yield None
+        return
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    outputs = {o.name for o in exposed.graph.output}
+    # name-only outputs: onnxruntime infers their types, and no stale value_info can contradict it
+    exposed.graph.output.extend(onnx.ValueInfoProto(name=n) for n in fetch if n not in outputs)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    with contextlib.ExitStack() as stack:
+        if exposed.ByteSize() < _PROTO_LIMIT:
+            source: bytes | str = exposed.SerializeToString()
+        else:  # too large for one protobuf message: go through a file with external weights
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulsar_calib_")))
+            onnx.save_model(exposed, tmp / "model.onnx", save_as_external_data=True, location="weights.bin")
+            source = str(tmp / "model.onnx")
+        del exposed
+        yield ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+
+
+def _make_feed(
+    sample: dict[str, np.ndarray],
+    inputs: dict[str, onnx.ValueInfoProto],
+    dtypes: dict[str, np.dtype],
+    index: int,
+) -> dict[str, np.ndarray]:
+    missing = [n for n in inputs if n not in sample]
+    if missing:
+        extra = [k for k in sample if k not in inputs]
+        raise PulsarError(
+            f"calibration sample {index}: model input {missing[0]!r} has no data"
+            + (f" (the sample has {extra[0]!r}{did_you_mean(missing[0], extra)})" if extra else "")
+            + "; set quant.input_configs[].tensor_name to the model's input names"
+        )
+    feed = {}
+    for name, vi in inputs.items():
+        arr = np.asarray(sample[name])
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+        if vi.type.tensor_type.HasField("shape") and (
+            len(dims) != arr.ndim
+            or any(d is not None and d != s for d, s in zip(dims, arr.shape, strict=True))
+        ):
+            want = "x".join("?" if d is None else str(d) for d in dims)
+            raise PulsarError(
+                f"calibration sample {index}: input {name!r} has shape {'x'.join(map(str, arr.shape))}, "
+                f"the model expects {want}; fix the calibration data or the input shape"
+            )
+        feed[name] = arr.astype(dtypes[name], copy=False)
+    return feed
+
+
+# -------------------------------------------------------------------------------------- cache
+def stats_to_arrays(stats: dict[str, TensorStats]) -> dict[str, np.ndarray]:
+    """Stack the statistics into plain arrays (tensor ``names`` as a unicode array, no pickles)."""
+    names = list(stats)
+    per = [stats[n].to_arrays() for n in names]
+    fields = per[0].keys() if per else TensorStats.empty(16).to_arrays().keys()
+    arrays = {f: np.stack([p[f] for p in per]) if per else np.zeros(0) for f in fields}
+    arrays["names"] = np.array(names, dtype=np.str_)
+    arrays["version"] = np.array(_CACHE_VERSION)
+    return arrays
+
+
+def stats_from_arrays(arrays: dict[str, np.ndarray]) -> dict[str, TensorStats]:
+    if int(arrays["version"]) != _CACHE_VERSION:
+        raise ValueError(f"statistics format version {int(arrays['version'])}, expected {_CACHE_VERSION}")
+    fields = [k for k in arrays if k not in ("names", "version")]
+    return {
+        str(name): TensorStats.from_arrays({f: arrays[f][k] for f in fields})
+        for k, name in enumerate(arrays["names"])
+    }
+
+
+def save_statistics(path: str | Path, stats: dict[str, TensorStats]) -> Path:
+    """Write statistics to an ``.npz`` file atomically."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez_compressed(f, **stats_to_arrays(stats))
+    log.debug("calibration statistics saved to %s", path)
+    return Path(path)
+
+
+def load_statistics(path: str | Path) -> dict[str, TensorStats]:
+    with np.load(path, allow_pickle=False) as data:
+        return stats_from_arrays({k: data[k] for k in data.files})
+
+
+def _cache_path(cache_dir: str | Path | None, cache_key: str | None) -> Path | None:
+    if cache_dir is None or cache_key is None:
+        return None
+    if not _KEY_RE.match(cache_key):
+        raise ValueError(f"calibration cache key must match {_KEY_RE.pattern}, got {cache_key!r}")
+    return Path(cache_dir) / f"calib_stats_{cache_key}.npz"
+
+
+def _load_cache(path: Path, names: list[str]) -> dict[str, TensorStats] | None:
+    if not path.is_file():
+        return None
+    try:
+        cached = load_statistics(path)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # corrupt: recompute
+        log.warning("calibration statistics cache %s unreadable (%s); recomputing", path, exc)
+        return None
+    missing = [n for n in names if n not in cached]
+    if missing:
+        log.info("calibration statistics cache %s lacks %d requested tensors", path, len(missing))
+        return None
+    return {n: cached[n] for n in names}

@@ -1,0 +1,215 @@
+"""Streaming per-tensor statistics: one pass over the calibration data feeds every calibration method.
+
+A :class:`TensorStats` keeps the count, extremes, number of exact zeros and a fixed-size histogram,
+so its memory does not depend on how many samples were seen. The histogram grid starts at the first
+batch's [min, max] and, when a later batch falls outside, grows by an integer factor with the new
+edges aligned on old edges. Re-binning is then an exact merge of neighbouring bins, so the counts
+always equal ``np.histogram`` of all data seen on the current grid, and growth is at least 2x,
+which keeps re-binning rare.
+
+The methods mostly look at one side of zero at a time (the grid always contains zero):
+:func:`side_histograms` re-bins the histogram into ``|x|`` bins starting at zero for each sign.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DEFAULT_NUM_BINS = 2048
+
+_SCALAR_FIELDS = ("count", "min", "max", "hist_lo", "hist_hi", "zeros", "nonfinite")
+
+
+@dataclass
+class TensorStats:
+    """Count, extremes and a histogram of the finite values of one tensor over all samples."""
+
+    count: int = 0
+    min: float = math.inf
+    max: float = -math.inf
+    hist: np.ndarray = field(default_factory=lambda: np.zeros(DEFAULT_NUM_BINS, np.int64))
+    hist_lo: float = 0.0
+    hist_hi: float = 0.0
+    zeros: int = 0  # exact zeros: they are never rounded (zero is on every grid), MSE leaves them out
+    nonfinite: int = 0  # NaN / Inf values, skipped
+
+    @classmethod
+    def empty(cls, num_bins: int = DEFAULT_NUM_BINS) -> TensorStats:
+        if num_bins < 16:
+            raise ValueError(f"num_bins must be at least 16, got {num_bins}")
+        return cls(hist=np.zeros(int(num_bins), np.int64))
+
+    @property
+    def num_bins(self) -> int:
+        return int(self.hist.shape[0])
+
+    @property
+    def bin_width(self) -> float:
+        return (self.hist_hi - self.hist_lo) / self.num_bins
+
+    def edges(self) -> np.ndarray:
+        return np.linspace(self.hist_lo, self.hist_hi, self.num_bins + 1)
+
+    # ----------------------------------------------------------------------------------- update
+    def update(self, x: np.ndarray) -> None:
+        """Add the values of one batch (any shape; non-float data is cast to float32)."""
+        x = np.asarray(x)
+        if x.dtype.kind != "f" or x.dtype.itemsize < 4:
+            x = x.astype(np.float32)
+        x = x.reshape(-1)
+        if x.size == 0:
+            return
+        lo, hi = float(x.min()), float(x.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN / Inf are rare: pay for the mask only then
+            finite = x[np.isfinite(x)]
+            self.nonfinite += int(x.size - finite.size)
+            x = finite
+            if x.size == 0:
+                return
+            lo, hi = float(x.min()), float(x.max())
+        self._cover(lo, hi)
+        self.hist += _bin_counts(x, self.hist_lo, self.hist_hi, self.num_bins)
+        self.count += int(x.size)
+        self.zeros += int(x.size - np.count_nonzero(x))
+        self.min = min(self.min, lo)
+        self.max = max(self.max, hi)
+
+    def merge(self, other: TensorStats) -> None:
+        """Add another tensor's statistics (e.g. tensors that must share one range)."""
+        if other.count == 0:
+            self.nonfinite += other.nonfinite
+            return
+        self._cover(other.min, other.max)
+        cdf = np.interp(self.edges(), other.edges(), np.concatenate([[0], np.cumsum(other.hist)]))
+        self.hist += np.diff(np.rint(cdf).astype(np.int64))
+        self.count += other.count
+        self.zeros += other.zeros
+        self.nonfinite += other.nonfinite
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+
+    def _cover(self, lo: float, hi: float) -> None:
+        """Make the histogram grid contain [lo, hi], merging old bins exactly when it grows."""
+        n = self.num_bins
+        if self.count == 0:
+            self.hist_lo, self.hist_hi = _initial_grid(lo, hi)
+            return
+        if lo >= self.hist_lo and hi <= self.hist_hi:
+            return
+        w = self.bin_width
+        left = math.ceil((self.hist_lo - lo) / w) if lo < self.hist_lo else 0
+        right = math.ceil((hi - self.hist_hi) / w) if hi > self.hist_hi else 0
+        need = n + left + right
+        factor = -(-need // n)
+        if factor > n:  # the old data fit in less than one new bin: start a fresh grid
+            new_lo, new_hi = _initial_grid(min(lo, self.min), max(hi, self.max))
+            centres = self.hist_lo + (np.arange(n) + 0.5) * w
+            idx = np.clip(((centres - new_lo) * (n / (new_hi - new_lo))).astype(np.int64), 0, n - 1)
+        else:
+            slack = factor * n - need
+            if left and right:
+                left += slack // 2
+            elif left:
+                left += slack  # only the low side grew: keep the high edge where it is
+            new_lo = self.hist_lo - left * w
+            new_hi = new_lo + factor * n * w
+            idx = (np.arange(n) + left) // factor
+        merged = np.zeros(n, np.int64)
+        np.add.at(merged, idx, self.hist)
+        self.hist, self.hist_lo, self.hist_hi = merged, new_lo, new_hi
+
+    # ---------------------------------------------------------------------------- persistence
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Plain arrays (no objects), so the statistics can be cached with ``allow_pickle=False``."""
+        arrays = {name: np.asarray(getattr(self, name)) for name in _SCALAR_FIELDS}
+        arrays["hist"] = self.hist.copy()
+        return arrays
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> TensorStats:
+        hist = np.asarray(arrays["hist"], dtype=np.int64).copy()
+        ints = {"count", "zeros", "nonfinite"}
+        kwargs = {name: int(arrays[name]) if name in ints else float(arrays[name]) for name in _SCALAR_FIELDS}
+        return cls(hist=hist, **kwargs)
+
+
+def _initial_grid(lo: float, hi: float) -> tuple[float, float]:
+    if hi > lo:
+        return lo, hi
+    pad = max(abs(lo) * 1e-6, 1e-20)  # constant data: any small positive width will do
+    return lo - pad, hi + pad
+
+
+def _bin_counts(x: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
+    """Counts of ``x`` (all within [lo, hi]) in ``n`` equal bins; the top edge goes to the last bin."""
+    scale = n / (hi - lo)
+    if x.dtype == np.float32 and (scale > 1e30 or abs(lo) > 1e30):
+        x = x.astype(np.float64)  # keep float32 arithmetic away from overflow on degenerate grids
+    t = x - x.dtype.type(lo)
+    t *= x.dtype.type(scale)
+    np.clip(t, 0.0, n - 0.5, out=t)  # rounding can push the extremes just past the outer edges
+    return np.bincount(t.astype(np.intp), minlength=n)[:n]
+
+
+# --------------------------------------------------------------------------- derived histograms
+@dataclass(frozen=True)
+class SideHistograms:
+    """Counts of ``x`` in ``[k*w, (k+1)*w)`` (pos) and of ``-x`` likewise (neg), k = 0, 1, ..."""
+
+    pos: np.ndarray
+    neg: np.ndarray
+    width: float
+    zeros: float
+    total: float
+
+    def folded(self) -> np.ndarray:
+        """Histogram of ``|x|``, for symmetric grids."""
+        out = np.zeros(max(self.pos.size, self.neg.size))
+        out[: self.pos.size] += self.pos
+        out[: self.neg.size] += self.neg
+        return out
+
+
+def side_histograms(stats: TensorStats, max_bins: int | None = None) -> SideHistograms:
+    """Re-bin the histogram into one ``|x|`` histogram per sign, each starting at zero.
+
+    The bin width stays the native one (the counts are exact when zero is on a native edge, as for
+    ReLU outputs), unless a side would need more than ``max_bins`` (default 2 * num_bins) bins, as
+    for data far from zero, e.g. in [5, 6].
+    """
+    max_bins = max_bins or 2 * stats.num_bins
+    pos_extent, neg_extent = max(stats.max, 0.0), max(-stats.min, 0.0)
+    extent = max(pos_extent, neg_extent)
+    width = max(stats.bin_width, extent / max_bins) if extent > 0 else 1.0
+    cdf = np.concatenate([[0.0], np.cumsum(stats.hist, dtype=np.float64)])
+    raw_edges = stats.edges()
+
+    def side(extent_: float, sign: float) -> np.ndarray:
+        if extent_ <= 0:
+            return np.zeros(0)
+        n = max(1, math.ceil(extent_ / width - 1e-9))
+        at = np.interp(sign * width * np.arange(n + 1), raw_edges, cdf)
+        return np.abs(np.diff(at))
+
+    return SideHistograms(
+        pos=side(pos_extent, 1.0),
+        neg=side(neg_extent, -1.0),
+        width=width,
+        zeros=float(stats.zeros),
+        total=float(stats.count),
+    )
+
+
+def hist_quantile(counts: np.ndarray, lo: float, width: float, q: float) -> float:
+    """Value below which a fraction ``q`` of the histogram mass lies (linear within a bin)."""
+    cdf = np.concatenate([[0.0], np.cumsum(counts, dtype=np.float64)])
+    target = q * cdf[-1]
+    k = int(np.searchsorted(cdf, target, side="left"))
+    if k == 0:
+        return lo
+    k = min(k, counts.size)
+    frac = (target - cdf[k - 1]) / counts[k - 1] if counts[k - 1] > 0 else 1.0
+    return lo + (k - 1 + min(max(frac, 0.0), 1.0)) * width

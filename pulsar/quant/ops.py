@@ -1,0 +1,55 @@
+"""Which ONNX ops the NPU quantizes, and where their weights are.
+
+A registry instead of if-chains: each quantizable op type says which inputs are constant weights
+(with the output-channel axis used for per-channel scales) and which is a bias (int32, scale =
+input scale x weight scale). Ops not listed here (Softmax, ReduceMean, Pow, Sqrt, Div, Reshape, ...)
+run on float values in this version; the placement work makes that explicit later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx
+
+
+@dataclass(frozen=True)
+class OpRule:
+    # input index -> function(node, weight_rank) -> per-channel axis of that weight
+    weights: dict[int, Callable[[onnx.NodeProto, int], int]] = field(default_factory=dict)
+    bias: int | None = None          # input index of a bias whose scale is in_scale * w_scale
+    bias_of: tuple[int, int] = (0, 1)  # (activation input, weight input) that define the bias scale
+    fusable_activation: bool = False  # a following Relu / Clip is fused: only its output is quantized
+    data_inputs: tuple[int, ...] | None = (0,)  # inputs carrying tensor data (None: all); the rest
+    # (Resize scales, Clip bounds, PRelu slope ...) stay as they are
+
+
+QUANT_OPS: dict[str, OpRule] = {}
+
+
+def register(op_types: str | tuple[str, ...], rule: OpRule) -> None:
+    for op in (op_types,) if isinstance(op_types, str) else op_types:
+        QUANT_OPS[op] = rule
+
+
+def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    for a in node.attribute:
+        if a.name == name:
+            return int(a.i)
+    return default
+
+
+register("Conv", OpRule(weights={1: lambda n, r: 0}, bias=2, fusable_activation=True, data_inputs=None))
+register("ConvTranspose", OpRule(weights={1: lambda n, r: 1}, bias=2, fusable_activation=True, data_inputs=None))
+register("Gemm", OpRule(weights={1: lambda n, r: 0 if _attr(n, "transB", 0) else 1}, bias=2,
+                        fusable_activation=True, data_inputs=None))
+register("MatMul", OpRule(weights={1: lambda n, r: r - 1}, fusable_activation=True, data_inputs=None))
+register(("Add", "Sub", "Mul"), OpRule(fusable_activation=True, data_inputs=None))
+register("Concat", OpRule(data_inputs=None))
+register(("Relu", "Clip", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu",
+          "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Resize",
+          "DepthToSpace", "SpaceToDepth"), OpRule())
+
+# Activations an NPU computes inside the producing op's requantization step.
+FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})

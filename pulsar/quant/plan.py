@@ -1,0 +1,106 @@
+"""Decide what gets quantized: activations to calibrate, weights, biases and constant operands."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import onnx
+
+from pulsar.quant.ops import FUSED_ACTIVATIONS, QUANT_OPS
+
+FLOAT = onnx.TensorProto.FLOAT
+
+
+@dataclass
+class WeightUse:
+    node: str
+    input_index: int
+    tensor: str
+    axis: int
+
+
+@dataclass
+class BiasUse:
+    node: str
+    tensor: str
+    activation: str  # input whose scale, times the weight scale, is the bias scale
+    weight: str
+
+
+@dataclass
+class QuantPlan:
+    activations: list[str] = field(default_factory=list)   # calibrated, U8 per tensor, in graph order
+    constants: list[str] = field(default_factory=list)     # constant operands of Add / Mul / Concat ...
+    weights: list[WeightUse] = field(default_factory=list)
+    biases: list[BiasUse] = field(default_factory=list)
+    fused: dict[str, str] = field(default_factory=dict)    # skipped producer output -> fused activation node
+    quantized_nodes: list[str] = field(default_factory=list)
+    float_nodes: list[str] = field(default_factory=list)   # ops this version runs in float
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    g = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]}
+    types.update({t.name: t.data_type for t in g.initializer})
+    return types
+
+
+def make_plan(model: onnx.ModelProto) -> QuantPlan:
+    """Walk the (shape-inferred) float graph once and classify every tensor."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    types = _elem_types(model)
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for n in g.node:
+        for i in n.input:
+            consumers[i].append(n)
+    graph_outputs = {o.name for o in g.output}
+    plan = QuantPlan()
+    seen_act: set[str] = set()
+    seen_const: set[str] = set()
+    weight_names: set[str] = set()
+
+    def add_act(name: str) -> None:
+        if name and name not in seen_act and name not in inits and types.get(name) == FLOAT:
+            seen_act.add(name)
+            plan.activations.append(name)
+
+    for node in g.node:
+        rule = QUANT_OPS.get(node.op_type)
+        if rule is None:
+            plan.float_nodes.append(node.name)
+            continue
+        plan.quantized_nodes.append(node.name)
+        data_idx = range(len(node.input)) if rule.data_inputs is None else rule.data_inputs
+        for i in data_idx:
+            if i >= len(node.input) or not node.input[i]:
+                continue
+            name = node.input[i]
+            if name in inits:
+                if inits[name].data_type != FLOAT:
+                    continue
+                if i in rule.weights and name not in weight_names:
+                    axis = rule.weights[i](node, len(inits[name].dims))
+                    plan.weights.append(WeightUse(node.name, i, name, axis))
+                    weight_names.add(name)
+                elif i == rule.bias:
+                    act, w = node.input[rule.bias_of[0]], node.input[rule.bias_of[1]]
+                    if act not in inits and w in weight_names:
+                        plan.biases.append(BiasUse(node.name, name, act, w))
+                elif i not in rule.weights and name not in seen_const:
+                    seen_const.add(name)
+                    plan.constants.append(name)
+            else:
+                add_act(name)
+        for out in node.output:
+            users = consumers.get(out, [])
+            if (rule.fusable_activation and out not in graph_outputs and len(users) == 1
+                    and users[0].op_type in FUSED_ACTIVATIONS):
+                plan.fused[out] = users[0].name
+                continue
+            add_act(out)
+    # A constant may be both a weight somewhere and an operand elsewhere: keep it a weight only.
+    plan.constants = [c for c in plan.constants if c not in weight_names]
+    plan.biases = [b for b in plan.biases if b.tensor not in weight_names and b.tensor not in seen_const]
+    return plan

@@ -1,0 +1,138 @@
+"""Write the QDQ ONNX model: standard QuantizeLinear / DequantizeLinear pairs that onnxruntime runs.
+
+Naming keeps the float graph's tensor names meaningful: a quantized activation ``T`` is produced
+as ``T/float`` by its op, quantized to ``T/q`` and dequantized back into ``T``; so consumers, graph
+outputs and the per-tensor JSON all use the original name. Weights become ``W/q`` (int8)
+dequantized into ``W``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from pulsar.quant.plan import QuantPlan
+from pulsar.quant.scheme import TensorQuant, activation_quant, bias_quant, weight_quant
+
+
+def _init(g: onnx.GraphProto, name: str, arr: np.ndarray) -> None:
+    g.initializer.append(numpy_helper.from_array(np.asarray(arr), name))
+
+
+def _qdq_nodes(g: onnx.GraphProto, src: str, dst: str, tq: TensorQuant, *, quantize: bool = True) -> None:
+    """src (float) -> QuantizeLinear -> DequantizeLinear -> dst; weights skip the Q (already int)."""
+    _init(g, f"{tq.name}/scale", np.asarray(tq.scale, dtype=np.float32))
+    _init(g, f"{tq.name}/zero_point", np.asarray(tq.zero_point, dtype=tq.np_dtype))
+    axis = [helper.make_attribute("axis", tq.axis)] if tq.axis is not None else []
+    q_out = f"{tq.name}/q"
+    if quantize:
+        qn = helper.make_node("QuantizeLinear", [src, f"{tq.name}/scale", f"{tq.name}/zero_point"], [q_out],
+                              name=f"{tq.name}/QuantizeLinear")
+        qn.attribute.extend(axis)
+        g.node.append(qn)
+    dq = helper.make_node("DequantizeLinear", [q_out if quantize else src, f"{tq.name}/scale",
+                                               f"{tq.name}/zero_point"], [dst], name=f"{tq.name}/DequantizeLinear")
+    dq.attribute.extend(axis)
+    g.node.append(dq)
+
+
+def topological_sort(g: onnx.GraphProto) -> None:
+    """Reorder nodes so every input is produced before use (new Q/DQ nodes were appended)."""
+    produced = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
+    nodes = list(g.node)
+    waiting: dict[str, list[int]] = defaultdict(list)
+    missing = []
+    for idx, n in enumerate(nodes):
+        need = {i for i in n.input if i not in produced}
+        missing.append(need)
+        for i in need:
+            waiting[i].append(idx)
+    # Kahn's algorithm over tensor availability; outer-scope names (subgraphs) are treated as ready.
+    producers = {o for n in nodes for o in n.output}
+    for idx, need in enumerate(missing):
+        for i in list(need):
+            if i not in producers:
+                need.discard(i)
+    ready = [i for i, need in enumerate(missing) if not need]
+    order: list[int] = []
+    while ready:
+        idx = ready.pop(0)
+        order.append(idx)
+        for o in nodes[idx].output:
+            for j in waiting.pop(o, []):
+                missing[j].discard(o)
+                if not missing[j]:
+                    ready.append(j)
+    if len(order) != len(nodes):
+        raise RuntimeError("graph has a cycle; cannot order the quantized graph")
+    del g.node[:]
+    g.node.extend(nodes[i] for i in order)
+
+
+def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[float, float]], *,
+               activation_dtype: str = "U8", bias_fp32: bool = False,
+               refine_weight_threshold: float = 1e-6) -> tuple[onnx.ModelProto, dict[str, TensorQuant]]:
+    """Return the QDQ model and the quantization parameters of every quantized tensor."""
+    qmodel = onnx.ModelProto()
+    qmodel.CopyFrom(model)
+    g = qmodel.graph
+    inits = {t.name: t for t in g.initializer}
+    params: dict[str, TensorQuant] = {}
+
+    def take_initializer(name: str) -> np.ndarray:
+        arr = numpy_helper.to_array(inits[name])
+        g.initializer.remove(inits.pop(name))
+        return arr
+
+    for w in plan.weights:
+        arr = take_initializer(w.tensor)
+        tq, q = weight_quant(w.tensor, arr, w.axis, refine_threshold=refine_weight_threshold)
+        _init(g, f"{w.tensor}/q", q)
+        _qdq_nodes(g, f"{w.tensor}/q", w.tensor, tq, quantize=False)
+        params[w.tensor] = tq
+
+    for name in plan.constants:
+        arr = take_initializer(name)
+        tq = activation_quant(name, float(arr.min(initial=0.0)), float(arr.max(initial=0.0)), activation_dtype)
+        tq.kind, tq.state = "constant", "ACTIVATED"
+        q = np.clip(np.round(arr / tq.scale) + tq.zero_point, tq.qmin, tq.qmax).astype(tq.np_dtype)
+        _init(g, f"{name}/q", q)
+        _qdq_nodes(g, f"{name}/q", name, tq, quantize=False)
+        params[name] = tq
+
+    for name in plan.activations:
+        lo, hi = ranges[name]
+        params[name] = activation_quant(name, lo, hi, activation_dtype)
+
+    for b in plan.biases:
+        act, w = params.get(b.activation), params.get(b.weight)
+        if bias_fp32 or act is None or w is None:
+            continue
+        arr = take_initializer(b.tensor)
+        tq, q = bias_quant(b.tensor, arr, float(act.scale), w.scale)
+        _init(g, f"{b.tensor}/q", q)
+        _qdq_nodes(g, f"{b.tensor}/q", b.tensor, tq, quantize=False)
+        params[b.tensor] = tq
+
+    graph_inputs = {i.name for i in g.input}
+    producers = {o: (n, k) for n in g.node for k, o in enumerate(n.output)}
+    input_users: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for n in g.node:
+        for k, i in enumerate(n.input):
+            if i in graph_inputs:
+                input_users[i].append((n, k))
+    for name in plan.activations:
+        tq = params[name]
+        if name in graph_inputs:
+            for n, k in input_users[name]:
+                n.input[k] = f"{name}/dq"
+            _qdq_nodes(g, name, f"{name}/dq", tq)
+        else:
+            n, k = producers[name]
+            n.output[k] = f"{name}/float"
+            _qdq_nodes(g, f"{name}/float", name, tq)
+    topological_sort(g)
+    return qmodel, params

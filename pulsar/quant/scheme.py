@@ -1,0 +1,118 @@
+"""Per-tensor quantization parameters (scale, zero point, grid) and how they are derived.
+
+Conventions (stable, also written to quant_config.json):
+  real = (q - zero_point) * scale, q clipped to [quant_min, quant_max].
+  Activations: U8 asymmetric per tensor. Weights: S8 symmetric per output channel.
+  Biases: S32 with scale = input scale x weight scale (per channel), zero point 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+DTYPES: dict[str, tuple[int, int, bool, type]] = {
+    # name: (bits, quant_min, quant_max, signed, numpy dtype) without the redundant bits
+    "U8": (0, 255, False, np.uint8),
+    "S8": (-128, 127, True, np.int8),
+    "U16": (0, 65535, False, np.uint16),
+    "S16": (-32768, 32767, True, np.int16),
+    "S32": (-(2**31), 2**31 - 1, True, np.int32),
+}
+BITS = {"U8": 8, "S8": 8, "U16": 16, "S16": 16, "S32": 32}
+
+MIN_SCALE = 1e-12
+
+
+@dataclass
+class TensorQuant:
+    """How one tensor is quantized."""
+
+    name: str
+    dtype: str                       # U8 | S8 | U16 | S16 | S32
+    scale: np.ndarray                # shape () per tensor, (C,) per channel
+    zero_point: np.ndarray           # same shape as scale
+    axis: int | None = None          # per-channel axis
+    symmetric: bool = False
+    state: str = "ACTIVATED"         # ACTIVATED | OVERLAPPED | PASSIVE | FP32
+    kind: str = "activation"         # activation | weight | bias
+    range: tuple[float, float] | None = None  # calibrated float range (activations)
+    dominator: str | None = None     # tensor whose scale this one shares
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def qmin(self) -> int:
+        return DTYPES[self.dtype][0]
+
+    @property
+    def qmax(self) -> int:
+        return DTYPES[self.dtype][1]
+
+    @property
+    def np_dtype(self) -> type:
+        return DTYPES[self.dtype][3]
+
+    def to_json(self) -> dict[str, Any]:
+        per_channel = self.axis is not None
+        return {
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "bit_width": BITS[self.dtype],
+            "policy": {"PER_TENSOR": not per_channel, "PER_CHANNEL": per_channel, "LINEAR": True,
+                       "SYMMETRICAL": self.symmetric, "ASYMMETRICAL": not self.symmetric, "POWER_OF_2": False},
+            "state": self.state,
+            "quant_min": self.qmin,
+            "quant_max": self.qmax,
+            "axis": self.axis,
+            "scale": np.asarray(self.scale, dtype=np.float64).tolist(),
+            "zero_point": np.asarray(self.zero_point).astype(np.int64).tolist(),
+            "range": list(self.range) if self.range is not None else None,
+            "dominator": self.dominator or self.name,
+            **self.extra,
+        }
+
+
+def activation_quant(name: str, lo: float, hi: float, dtype: str = "U8") -> TensorQuant:
+    """Asymmetric (unsigned) or symmetric (signed) grid covering [lo, hi], zero exactly representable."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    qmin, qmax, signed, _ = DTYPES[dtype]
+    if signed:
+        t = max(abs(lo), abs(hi))
+        scale = max(t / qmax, MIN_SCALE)
+        return TensorQuant(name, dtype, np.float32(scale), np.array(0, dtype=DTYPES[dtype][3]), symmetric=True,
+                           range=(lo, hi))
+    scale = max((hi - lo) / (qmax - qmin), MIN_SCALE)
+    zp = int(np.clip(np.round(qmin - lo / scale), qmin, qmax))
+    return TensorQuant(name, dtype, np.float32(scale), np.array(zp, dtype=DTYPES[dtype][3]), range=(lo, hi))
+
+
+def weight_quant(name: str, w: np.ndarray, axis: int, dtype: str = "S8",
+                 refine_threshold: float = 1e-6) -> tuple[TensorQuant, np.ndarray]:
+    """Symmetric per-channel weights; channels whose max |w| is below ``refine_threshold`` get
+    that threshold as their range so a near-zero channel does not get a degenerate scale."""
+    qmin, qmax, _, np_dtype = DTYPES[dtype]
+    reduce_axes = tuple(i for i in range(w.ndim) if i != axis)
+    amax = np.abs(w).max(axis=reduce_axes) if w.size else np.zeros(w.shape[axis])
+    floor = refine_threshold if refine_threshold > 0 else 0.0
+    amax = np.maximum(amax.astype(np.float64), floor)
+    scale = np.maximum(amax / qmax, MIN_SCALE).astype(np.float32)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.round(w / scale.reshape(shape)), qmin, qmax).astype(np_dtype)
+    tq = TensorQuant(name, dtype, scale, np.zeros_like(scale, dtype=np_dtype), axis=axis, symmetric=True,
+                     kind="weight")
+    return tq, q
+
+
+def bias_quant(name: str, b: np.ndarray, in_scale: float, w_scale: np.ndarray) -> tuple[TensorQuant, np.ndarray]:
+    """int32 bias on the accumulator's grid (input scale x weight scale)."""
+    scale = (np.float64(in_scale) * w_scale.astype(np.float64)).astype(np.float32)
+    scale = np.maximum(scale, MIN_SCALE)
+    if scale.size != b.size:
+        scale = np.broadcast_to(scale, b.shape).copy()
+    qmin, qmax = DTYPES["S32"][:2]
+    q = np.clip(np.round(b.astype(np.float64) / scale), qmin, qmax).astype(np.int32)
+    tq = TensorQuant(name, "S32", scale, np.zeros(scale.shape, dtype=np.int32), axis=0, symmetric=True, kind="bias")
+    return tq, q

@@ -1,0 +1,137 @@
+"""Quantization stage: calibration statistics (one streaming pass, cached), activation ranges,
+QDQ export to quant/quantized.onnx and the per-tensor quant/quant_config.json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+import numpy as np
+import onnx
+
+from pulsar.context import BuildContext
+from pulsar.quant.calibrate import collect_statistics, compute_ranges
+from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
+from pulsar.quant.plan import QuantPlan, make_plan
+from pulsar.quant.qdq import export_qdq
+from pulsar.quant.scheme import TensorQuant
+from pulsar.ui import show, table
+from pulsar.utils.atomic import atomic_write_bytes, atomic_write_text
+
+log = logging.getLogger(__name__)
+
+QUANT_JSON_VERSION = 1
+ACTIVATION_DTYPE = "U8"
+
+
+def _processor_for(cfg: Any, name: str) -> Any:
+    match = [p for p in cfg.input_processors if p.tensor_name == name]
+    match = match or [p for p in cfg.input_processors if p.tensor_name == "DEFAULT"]
+    return match[0] if match else None
+
+
+def input_specs(cfg: Any, model: onnx.ModelProto) -> list[InputSpec]:
+    """What each model input expects, including the color format / layout Image data is turned into."""
+    inits = {t.name for t in model.graph.initializer}
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        t = vi.type.tensor_type
+        shape = tuple(d.dim_value for d in t.shape.dim)
+        proc = _processor_for(cfg, vi.name)
+        layout = proc.tensor_layout if proc and proc.tensor_layout else "NCHW"
+        fmt = proc.tensor_format if proc and proc.tensor_format else "AutoColorSpace"
+        if fmt == "AutoColorSpace":
+            channels = shape[1] if layout == "NCHW" and len(shape) == 4 else (shape[-1] if shape else 3)
+            fmt = "GRAY" if channels == 1 else "BGR"
+        specs.append(InputSpec(vi.name, shape, onnx.helper.tensor_dtype_to_np_dtype(t.elem_type), fmt, layout))
+    return specs
+
+
+def open_calibration(ctx: BuildContext, model: onnx.ModelProto) -> CalibrationData:
+    configs = [DatasetConfig(ic.tensor_name, ic.calibration_dataset, ic.calibration_format, ic.calibration_size,
+                             tuple(ic.calibration_mean or ()), tuple(ic.calibration_std or ()),
+                             field_path=f"quant.input_configs[{i}]")
+               for i, ic in enumerate(ctx.cfg.quant.input_configs)]
+    data = CalibrationData(input_specs(ctx.cfg, model), configs)
+    rows = [(d["input"], list(d["shape"]), d["dataset"], d["format"], d["tensor_format"], list(d["mean"]),
+             list(d["std"]), d["samples"]) for d in data.describe()]
+    show(table("Quant Config Table", ["Input", "Shape", "Dataset", "Data Format", "Tensor Format", "Mean", "Std",
+                                      "Samples"], rows), quiet=ctx.quiet)
+    return data
+
+
+def _cache_key(model: onnx.ModelProto, plan: QuantPlan, data: CalibrationData) -> str:
+    h = hashlib.sha256(model.SerializeToString())
+    h.update(data.fingerprint().encode())
+    h.update("\n".join(plan.activations).encode())
+    return h.hexdigest()[:24]
+
+
+def quant_json(ctx: BuildContext, qmodel: onnx.ModelProto, plan: QuantPlan,
+               params: dict[str, TensorQuant]) -> dict[str, Any]:
+    nodes = {}
+    for n in ctx.model.graph.node:
+        nodes[n.name] = {"op_type": n.op_type, "inputs": list(n.input), "outputs": list(n.output),
+                         "placement": "NPU" if n.name in set(plan.quantized_nodes) else "FP32",
+                         **({"fused_into": plan.fused[n.output[0]]} if n.output and n.output[0] in plan.fused else {})}
+    return {
+        "version": QUANT_JSON_VERSION,
+        "calibration_method": ctx.cfg.quant.calibration_method,
+        "activation_dtype": ACTIVATION_DTYPE,
+        "conventions": "real = (q - zero_point) * scale; q clipped to [quant_min, quant_max]",
+        "tensors": {name: tq.to_json() for name, tq in params.items()},
+        "nodes": nodes,
+    }
+
+
+def check_dtypes(qmodel: onnx.ModelProto, params: dict[str, TensorQuant]) -> int:
+    """``quant.check: 1``: every quantized tensor's Q/DQ pair carries the dtype its config says."""
+    inits = {t.name: t for t in qmodel.graph.initializer}
+    checked = 0
+    for n in qmodel.graph.node:
+        if n.op_type != "DequantizeLinear":
+            continue
+        name = n.output[0] if not n.output[0].endswith("/dq") else n.output[0][:-3]
+        tq = params.get(name)
+        zp = inits.get(n.input[2]) if len(n.input) > 2 else None
+        if tq is None or zp is None:
+            raise RuntimeError(f"quant check: DequantizeLinear {n.name} has no quant config")
+        got = onnx.helper.tensor_dtype_to_np_dtype(zp.data_type)
+        if np.dtype(got) != np.dtype(tq.np_dtype):
+            raise RuntimeError(f"quant check: {name} is {got} in the model but {tq.dtype} in the quant config")
+        checked += 1
+    missing = [t for t in params if f"{t}/DequantizeLinear" not in {n.name for n in qmodel.graph.node}]
+    if missing:
+        raise RuntimeError(f"quant check: no Q/DQ for {missing[:3]}")
+    return checked
+
+
+def run_quant(ctx: BuildContext) -> onnx.ModelProto:
+    q = ctx.cfg.quant
+    model = ctx.model
+    plan = make_plan(model)
+    log.info("quantizing %d ops (%d activations, %d weights, %d biases); %d ops stay float",
+             len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),
+             len(plan.float_nodes))
+    data = ctx.calibration
+    with ctx.stages.progress(len(data), "calibration") as bar:
+        task = bar.add_task(f"calibrating ({len(data)} samples)", total=len(data))
+        stats = collect_statistics(model, plan.activations, data, progress=lambda n: bar.update(task, completed=n),
+                                   cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, plan, data))
+    ranges = compute_ranges(stats, q.calibration_method, num_bits=8, signed=False)
+    qmodel, params = export_qdq(model, plan, ranges, activation_dtype=ACTIVATION_DTYPE,
+                                bias_fp32=q.conv_bias_data_type == "FP32",
+                                refine_weight_threshold=q.refine_weight_threshold)
+    if q.check >= 1:
+        log.info("quant check: %d quantized tensors have the dtypes of their config", check_dtypes(qmodel, params))
+    path = ctx.path("quant", "quantized.onnx")
+    atomic_write_bytes(path, qmodel.SerializeToString())
+    jpath = ctx.path("quant", "quant_config.json")
+    atomic_write_text(jpath, json.dumps(quant_json(ctx, qmodel, plan, params), indent=1))
+    ctx.artifacts["quantized model (QDQ ONNX)"] = path
+    ctx.artifacts["quant config (per tensor)"] = jpath
+    return qmodel
