@@ -144,13 +144,19 @@ def _mbv2_calib(paths: dict[str, Path], model: Path) -> list[np.ndarray]:
 
 
 def _mbv2_eval(n: int) -> tuple[list[np.ndarray], list]:
-    crops = assets.photo_crops(n, EVAL_SEED, part="eval")
+    crops = assets.photo_crops(n, EVAL_SEED, part="eval", photos=assets.OBJECT_PHOTOS)
     return [assets.imagenet_preprocess(c) for c in crops], [None] * n
 
 
 def _mbv2_score(outs: list[np.ndarray], _labels: list, ref: list[np.ndarray]) -> dict[str, float]:
-    agree = [int(o.argmax()) == int(r.argmax()) for o, r in zip(outs, ref, strict=True)]
-    return {"top1_agree": float(np.mean(agree))}
+    q, f = np.concatenate(outs), np.concatenate(ref)
+    top5 = np.argsort(-q, axis=1)[:, :5]
+    cos = (q * f).sum(1) / (np.linalg.norm(q, axis=1) * np.linalg.norm(f, axis=1))
+    return {
+        "top1_agree": float(np.mean(q.argmax(1) == f.argmax(1))),
+        "top5_hit": float(np.mean([t in row for t, row in zip(f.argmax(1), top5, strict=True)])),
+        "logit_cos": float(cos.mean()),
+    }
 
 
 register(Spec("ocr", "PP-OCRv4 recognizer", "exact", _ocr_prepare, _ocr_calib, _ocr_eval, _ocr_score))

@@ -19,6 +19,7 @@ import math
 import shutil
 import tarfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -320,6 +321,23 @@ def _load_photo_sources() -> list[tuple[str, np.ndarray]]:
 _photo_sources = functools.lru_cache(maxsize=1)(_load_photo_sources)
 
 
+# Photos of everyday objects (ImageNet-like content), as opposed to textures, microscopy and space.
+OBJECT_PHOTOS = (
+    "astronaut",
+    "chelsea",
+    "coffee",
+    "rocket",
+    "motorcycle_left",
+    "motorcycle_right",
+    "china",
+    "flower",
+    "grace_hopper",
+    "camera",
+    "clock",
+    "coins",
+)
+
+
 def photo_names() -> list[str]:
     return [name for name, _ in _photo_sources()]
 
@@ -343,10 +361,17 @@ def _photo_part(img: np.ndarray, part: Part) -> np.ndarray:
     return img[: h // 2] if first else img[h // 2 :]
 
 
-def photo_crops(n: int, seed: int, size: int = 224, *, part: Part = "all") -> list[np.ndarray]:
-    """``n`` RGB uint8 ``size`` x ``size`` random square crops (random scale, position, mirror)."""
+def photo_crops(
+    n: int, seed: int, size: int = 224, *, part: Part = "all", photos: Sequence[str] | None = None
+) -> list[np.ndarray]:
+    """``n`` RGB uint8 ``size`` x ``size`` random square crops (random scale, position, mirror).
+
+    ``photos`` limits the source photos (names from :func:`photo_names`), e.g. to
+    :data:`OBJECT_PHOTOS` for crops an ImageNet classifier is confident about.
+    """
     rng = np.random.default_rng(seed)
-    sources = [_photo_part(img, part) for _, img in _photo_sources()]
+    wanted = photo_names() if photos is None else list(photos)
+    sources = [_photo_part(load_photo(name), part) for name in wanted]
     crops = []
     for _ in range(n):
         img = sources[int(rng.integers(len(sources)))]
@@ -396,7 +421,7 @@ def make_example_assets(out_dir: str | Path, n_calib: int = 32) -> dict[str, Pat
 
     jpgs = []
     _clear_generated(paths["imagenet_calib"], "calib_*.jpg")
-    for i, crop in enumerate(photo_crops(n_calib, CALIB_SEED, part="calib")):
+    for i, crop in enumerate(photo_crops(n_calib, CALIB_SEED, part="calib", photos=OBJECT_PHOTOS)):
         dest = paths["imagenet_calib"] / f"calib_{i:04d}.jpg"
         with atomic_path(dest) as tmp:
             Image.fromarray(crop).save(tmp, format="JPEG", quality=95)

@@ -53,7 +53,7 @@ def build(input: str | Path | None = None, output_dir: str | Path | None = None,
         try:
             return _run_stages(ctx, eff.data, t0)
         except PulsarError as e:
-            log.error("%s", e)
+            log.debug("build failed: %s", e)  # the CLI prints it; build.log keeps it too
             raise
 
 

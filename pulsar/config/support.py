@@ -47,7 +47,12 @@ _PREPROC = "preprocessing inside the model (layout, dtype, color conversion, nor
 RULES: list[Rule] = [
     Rule("model_type", lambda v, _c: v == "ONNX", "only float ONNX input (model_type ONNX) is available yet"),
     _at_default("onnx_opt.save_tensors_data"),
-    _at_default("quant.layer_configs", "mixed precision is not available yet; every layer uses U8 activations"),
+    Rule("quant.layer_configs[*].data_type", lambda v, _c: v in ("U8", "FP32"),
+         "only U8 (quantized) and FP32 (kept float) are available yet; 16-bit and S8 come with mixed precision"),
+    _at_default("quant.layer_configs[*].output_data_type", "per-output precision is not available yet"),
+    _at_default("quant.layer_configs[*].weight_data_type", "per-layer weight precision is not available yet"),
+    _at_default("quant.layer_configs[*].start_tensor_names", "subgraph selectors are not available yet; use "
+                "layer_name(s) or op_type(s)"),
     _at_default("quant.precision_analysis"),
     _at_default("quant.precision_analysis_method", "only used with quant.precision_analysis"),
     _at_default("quant.precision_analysis_mode", "only used with quant.precision_analysis"),

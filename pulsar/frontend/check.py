@@ -100,7 +100,10 @@ def diff_stats(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
         finite_a = a64[np.isfinite(a64)]
         scale = max(float(np.abs(finite_a).max()) if finite_a.size else 0.0, 1e-6)
         denom = float(np.linalg.norm(a64) * np.linalg.norm(b64))
-        cosine = float(np.dot(a64, b64) / denom) if denom else float(max_abs == 0.0)
+        if max_abs == 0.0:
+            cosine = 1.0  # identical: exact, not 1 - rounding
+        else:
+            cosine = float(np.clip(np.dot(a64, b64) / denom, -1.0, 1.0)) if denom else 0.0
     return max_abs, max_abs / scale, cosine
 
 

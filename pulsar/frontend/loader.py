@@ -52,6 +52,10 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise PulsarError(f"model file {path} is empty; re-export the model or copy it again")
     try:
         model = onnx.load(str(path), load_external_data=False)
+    except OSError as exc:
+        raise PulsarError(
+            f"model file {path} cannot be read ({_first_line(exc)}); check its permissions"
+        ) from exc
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise PulsarError(
             f"model file {path} is not a valid ONNX model (it could not be decoded: {_first_line(exc)}); "
@@ -69,7 +73,7 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     try:
         # Checking by path handles external data and models above the 2 GB protobuf limit.
         onnx.checker.check_model(str(path))
-    except (onnx.checker.ValidationError, onnx.onnx_cpp2py_export.shape_inference.InferenceError) as exc:
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise PulsarError(
             f"model file {path} fails the ONNX checker: {_first_line(exc)}; fix the export or re-export it"
         ) from exc

@@ -49,13 +49,27 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
     show(table("Graph optimization (op counts)", ["op type", "before", "after"], rows), quiet=ctx.quiet)
     changed = [r for r in records if r.changed_iterations]
     if changed:
-        show(table("Passes that changed the graph", ["pass", "iterations", "seconds"],
-                   [(r.name, r.changed_iterations, f"{r.seconds:.2f}") for r in changed]), quiet=ctx.quiet)
+        show(
+            table(
+                "Passes that changed the graph",
+                ["pass", "iterations", "seconds"],
+                [(r.name, r.changed_iterations, f"{r.seconds:.2f}") for r in changed],
+            ),
+            quiet=ctx.quiet,
+        )
     if opt.model_check:
         rows = compare_models(original, model, samples)
-        show(table("Model check: optimized vs original", ["output", "max abs diff", "rel diff", "cosine"],
-                   [(r["output"], f"{r['max_abs_diff']:.3g}", f"{r['rel_diff']:.3g}", f"{r['cosine']:.6f}")
-                    for r in rows]), quiet=ctx.quiet)
+        show(
+            table(
+                "Model check: optimized vs original",
+                ["output", "max abs diff", "rel diff", "cosine"],
+                [
+                    (r["output"], f"{r['max_abs_diff']:.3g}", f"{r['rel_diff']:.3g}", f"{r['cosine']:.6f}")
+                    for r in rows
+                ],
+            ),
+            quiet=ctx.quiet,
+        )
     path = ctx.path("frontend", "optimized.onnx")
     atomic_write_bytes(path, model.SerializeToString())
     ctx.artifacts["optimized float model"] = path

@@ -46,8 +46,11 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def make_plan(model: onnx.ModelProto) -> QuantPlan:
-    """Walk the (shape-inferred) float graph once and classify every tensor."""
+def make_plan(model: onnx.ModelProto, float_nodes: set[str] | frozenset[str] = frozenset()) -> QuantPlan:
+    """Walk the (shape-inferred) float graph once and classify every tensor.
+
+    ``float_nodes`` are kept in float (``layer_configs`` data_type FP32) whatever their op type.
+    """
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     types = _elem_types(model)
@@ -67,7 +70,7 @@ def make_plan(model: onnx.ModelProto) -> QuantPlan:
             plan.activations.append(name)
 
     for node in g.node:
-        rule = QUANT_OPS.get(node.op_type)
+        rule = QUANT_OPS.get(node.op_type) if node.name not in float_nodes else None
         if rule is None:
             plan.float_nodes.append(node.name)
             continue

@@ -39,6 +39,21 @@ def _qdq_nodes(g: onnx.GraphProto, src: str, dst: str, tq: TensorQuant, *, quant
     g.node.append(dq)
 
 
+def constant_quant(name: str, arr: np.ndarray, refine_threshold: float) -> tuple[TensorQuant, np.ndarray]:
+    """Constant operands of element-wise ops (LayerNorm gamma / beta, scales): S8 symmetric, per
+    channel when the constant varies along a single axis (a per-channel vector broadcast over the
+    rest), so a small channel is not rounded to zero by a large one."""
+    varying = [i for i, d in enumerate(arr.shape) if d > 1]
+    if len(varying) == 1:
+        tq, q = weight_quant(name, arr, varying[0], refine_threshold=refine_threshold)
+    else:
+        tq, q = weight_quant(name, arr.reshape(1, -1), 0, refine_threshold=refine_threshold)
+        tq.axis, tq.scale, tq.zero_point = None, tq.scale.reshape(()), tq.zero_point.reshape(())
+        q = q.reshape(arr.shape)
+    tq.kind = "constant"
+    return tq, q
+
+
 def topological_sort(g: onnx.GraphProto) -> None:
     """Reorder nodes so every input is produced before use (new Q/DQ nodes were appended)."""
     produced = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
@@ -96,9 +111,7 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[
 
     for name in plan.constants:
         arr = take_initializer(name)
-        tq = activation_quant(name, float(arr.min(initial=0.0)), float(arr.max(initial=0.0)), activation_dtype)
-        tq.kind, tq.state = "constant", "ACTIVATED"
-        q = np.clip(np.round(arr / tq.scale) + tq.zero_point, tq.qmin, tq.qmax).astype(tq.np_dtype)
+        tq, q = constant_quant(name, arr, refine_weight_threshold)
         _init(g, f"{name}/q", q)
         _qdq_nodes(g, f"{name}/q", name, tq, quantize=False)
         params[name] = tq

@@ -14,6 +14,7 @@ import onnx
 from pulsar.context import BuildContext
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
+from pulsar.quant.layer_configs import resolve_layer_dtypes, show_layer_config_table
 from pulsar.quant.plan import QuantPlan, make_plan
 from pulsar.quant.qdq import export_qdq
 from pulsar.quant.scheme import TensorQuant
@@ -113,7 +114,9 @@ def check_dtypes(qmodel: onnx.ModelProto, params: dict[str, TensorQuant]) -> int
 def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     q = ctx.cfg.quant
     model = ctx.model
-    plan = make_plan(model)
+    show_layer_config_table(q.layer_configs, ctx.quiet)
+    dtypes = resolve_layer_dtypes(q.layer_configs, model)
+    plan = make_plan(model, {name for name, dt in dtypes.items() if dt == "FP32"})
     log.info("quantizing %d ops (%d activations, %d weights, %d biases); %d ops stay float",
              len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),
              len(plan.float_nodes))

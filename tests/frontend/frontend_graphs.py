@@ -54,10 +54,7 @@ def conv_bn_model(
     transpose: bool = False,
 ) -> onnx.ModelProto:
     """x -> Conv / ConvTranspose -> BatchNormalization -> Relu -> y."""
-    if transpose:
-        weight = randn(cin, cout // group, 3, 3)
-    else:
-        weight = randn(cout, cin // group, 3, 3)
+    weight = randn(cin, cout // group, 3, 3) if transpose else randn(cout, cin // group, 3, 3)
     inits = {"w": weight, **bn_params(cout)}
     conv_inputs = ["x", "w"]
     if bias:
@@ -65,7 +62,12 @@ def conv_bn_model(
         conv_inputs.append("b")
     nodes = [
         helper.make_node(
-            "ConvTranspose" if transpose else "Conv", conv_inputs, ["c"], name="conv", group=group, pads=[1] * 4
+            "ConvTranspose" if transpose else "Conv",
+            conv_inputs,
+            ["c"],
+            name="conv",
+            group=group,
+            pads=[1] * 4,
         ),
         helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["n"], epsilon=1e-3),
         helper.make_node("Relu", ["n"], ["y"]),

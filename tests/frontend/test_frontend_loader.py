@@ -40,7 +40,9 @@ def test_directory_is_not_a_file(tmp_path):
         load_model(tmp_path)
 
 
-@pytest.mark.parametrize("content", [b"this is not onnx at all\n", bytes(range(256)) * 4], ids=["text", "bytes"])
+@pytest.mark.parametrize(
+    "content", [b"this is not onnx at all\n", bytes(range(256)) * 4], ids=["text", "bytes"]
+)
 def test_corrupt_bytes(tmp_path, content):
     path = tmp_path / "bad.onnx"
     path.write_bytes(content)
@@ -136,7 +138,9 @@ def test_opset11_converted_to_17_and_still_matches(tmp_path):
 
 
 def test_newer_opset_is_kept(tmp_path):
-    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2])], [tensor("y", [2])], opset=18)
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2])], [tensor("y", [2])], opset=18
+    )
     assert default_opset(load_model(_save(model, tmp_path / "m.onnx"))) == 18
 
 
@@ -189,7 +193,9 @@ def test_apply_input_shapes_fixes_dims_and_reinfers():
 
 
 def test_apply_input_shapes_unknown_input_did_you_mean():
-    model = make_model([helper.make_node("Relu", ["input"], ["y"])], [tensor("input", ["N"])], [tensor("y", ["N"])])
+    model = make_model(
+        [helper.make_node("Relu", ["input"], ["y"])], [tensor("input", ["N"])], [tensor("y", ["N"])]
+    )
     with pytest.raises(PulsarError, match='no input "inptu" \\(did you mean "input"\\?\\)'):
         apply_input_shapes(model, {"inptu": [1]})
 

@@ -133,7 +133,9 @@ def test_shape_start_end_and_size_are_folded():
 @pytest.mark.parametrize(("shape", "folded"), [([4, 8], True), ([2000, 1000], False)])
 def test_fold_constants_skips_big_expansions(shape, folded):
     nodes = [
-        helper.make_node("ConstantOfShape", ["shape"], ["big"], value=numpy_helper.from_array(np.ones(1, np.float32))),
+        helper.make_node(
+            "ConstantOfShape", ["shape"], ["big"], value=numpy_helper.from_array(np.ones(1, np.float32))
+        ),
         helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
         helper.make_node("Add", ["x", "s"], ["y"]),
     ]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-DEFAULT_NUM_BINS = 2048
+DEFAULT_NUM_BINS = 4096
 
 _SCALAR_FIELDS = ("count", "min", "max", "hist_lo", "hist_hi", "zeros", "nonfinite")
 
@@ -173,18 +173,22 @@ class SideHistograms:
         return out
 
 
-def side_histograms(stats: TensorStats, max_bins: int | None = None) -> SideHistograms:
+def side_histograms(
+    stats: TensorStats, max_bins: int | None = None, *, exclude_zeros: bool = False
+) -> SideHistograms:
     """Re-bin the histogram into one ``|x|`` histogram per sign, each starting at zero.
 
     The bin width stays the native one (the counts are exact when zero is on a native edge, as for
     ReLU outputs), unless a side would need more than ``max_bins`` (default 2 * num_bins) bins, as
-    for data far from zero, e.g. in [5, 6].
+    for data far from zero, e.g. in [5, 6]. ``exclude_zeros`` leaves the exact zeros out of the
+    bins (they are still in ``total`` and ``zeros``).
     """
     max_bins = max_bins or 2 * stats.num_bins
     pos_extent, neg_extent = max(stats.max, 0.0), max(-stats.min, 0.0)
     extent = max(pos_extent, neg_extent)
     width = max(stats.bin_width, extent / max_bins) if extent > 0 else 1.0
-    cdf = np.concatenate([[0.0], np.cumsum(stats.hist, dtype=np.float64)])
+    hist = _without_zeros(stats) if exclude_zeros else stats.hist
+    cdf = np.concatenate([[0.0], np.cumsum(hist, dtype=np.float64)])
     raw_edges = stats.edges()
 
     def side(extent_: float, sign: float) -> np.ndarray:
@@ -201,6 +205,21 @@ def side_histograms(stats: TensorStats, max_bins: int | None = None) -> SideHist
         zeros=float(stats.zeros),
         total=float(stats.count),
     )
+
+
+def _without_zeros(stats: TensorStats) -> np.ndarray:
+    """The histogram minus the exact zeros (in the bin holding 0, or its neighbours by rounding)."""
+    hist = stats.hist.astype(np.float64)
+    left = float(stats.zeros)
+    if left <= 0 or not stats.hist_lo <= 0.0 <= stats.hist_hi:
+        return hist
+    k = min(int((0.0 - stats.hist_lo) / stats.bin_width), stats.num_bins - 1)
+    for b in (k, k - 1, k + 1):
+        if 0 <= b < hist.size and left > 0:
+            take = min(left, hist[b])
+            hist[b] -= take
+            left -= take
+    return hist
 
 
 def hist_quantile(counts: np.ndarray, lo: float, width: float, q: float) -> float:

@@ -1,12 +1,16 @@
 """MSE: the range that minimises the expected squared quantization error over the histogram.
 
-The error of a range has two parts: values outside it are clipped to the nearest end (their
-squared distance, exact for values spread uniformly within a bin), and values inside are rounded
-to the grid (step^2 / 12 each, except exact zeros, which every grid holds). Everything is measured
-in bin units on the per-sign histograms, with suffix sums of the bin moments, so the clipping cost
-of every candidate edge costs O(1): one-sided and symmetric grids try every edge; two-sided
-asymmetric grids start from the best of a coarse 2-D grid of (lo, hi) edges and then alternate
-exact 1-D searches on each side until neither moves.
+The error of a range has three parts, all in bin units on the per-sign histograms (exact zeros
+left out: zero is on every grid, so they cost nothing):
+
+- values beyond an end are clipped to it: their squared distance (values uniform within a bin);
+- values within half a step of zero round to zero: their square (this matters when the data
+  crowd around zero relative to the step, e.g. heavy tails far out);
+- the other values inside round to the grid: step^2 / 12 each.
+
+Suffix / prefix sums of the bin moments make each candidate O(1): symmetric and one-sided grids try
+every edge; two-sided asymmetric grids start from the best of a coarse 2-D grid of (lo, hi) edges
+and then alternate exact 1-D searches on each side until neither moves.
 """
 
 from __future__ import annotations
@@ -20,47 +24,63 @@ _COARSE = 64
 _MAX_ROUNDS = 20
 
 
-def clip_costs(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For every edge j = 0..n of a one-sided histogram ``p`` (probabilities, bin units from zero):
-    the expected squared clipping error when clipping at j, and the mass clipped."""
-    n = p.size
-    c = np.arange(n) + 0.5
+class _Side:
+    """Moment sums of a one-sided histogram ``p`` (probabilities; bin k covers [k, k+1))."""
 
-    def suffix(v: np.ndarray) -> np.ndarray:
-        return np.concatenate([np.cumsum(v[::-1])[::-1], [0.0]])
+    def __init__(self, p: np.ndarray) -> None:
+        n = p.size
+        c = np.arange(n) + 0.5
+        m2 = p * (c * c + 1.0 / 12.0)  # mass * E[x^2] of each bin
+        self.edges = np.arange(n + 1, dtype=np.float64)
+        self.below0 = np.concatenate([[0.0], np.cumsum(p)])  # mass in [0, k)
+        self.below2 = np.concatenate([[0.0], np.cumsum(m2)])
+        above0 = self.below0[-1] - self.below0  # mass in [k, n)
+        above1 = np.concatenate([np.cumsum((p * c)[::-1])[::-1], [0.0]])
+        above2 = self.below2[-1] - self.below2
+        # clipping at edge k: sum over bins above of mass * E[(x - k)^2]
+        self.clip = np.maximum(above2 - 2.0 * self.edges * above1 + self.edges**2 * above0, 0.0)
+        self.clipped = np.maximum(above0, 0.0)
 
-    s0, s1, s2 = suffix(p), suffix(p * c), suffix(p * (c * c + 1.0 / 12.0))
-    j = np.arange(n + 1, dtype=np.float64)
-    return np.maximum(s2 - 2.0 * j * s1 + j * j * s0, 0.0), s0
+    @property
+    def size(self) -> int:
+        return self.edges.size  # number of candidate edges
+
+    def near_zero(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mass and mass * E[x^2] of the values in [0, u) (u in bin units, fractional)."""
+        return np.interp(u, self.edges, self.below0), np.interp(u, self.edges, self.below2)
+
+
+def _error(neg: _Side, pos: _Side, i: np.ndarray, j: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Expected squared error of the range [-i, j] (bin units) with grid step ``step``."""
+    half = 0.5 * step
+    n0, n2 = neg.near_zero(np.minimum(half, i))
+    p0, p2 = pos.near_zero(np.minimum(half, j))
+    mid = np.maximum(neg.below0[-1] + pos.below0[-1] - neg.clipped[i] - pos.clipped[j] - n0 - p0, 0.0)
+    return neg.clip[i] + pos.clip[j] + n2 + p2 + mid * step * step / 12.0
 
 
 @register_method("MSE")
 def mse_range(stats: TensorStats, spec: GridSpec) -> tuple[float, float]:
-    sides = side_histograms(stats)
-    zero = sides.zeros / sides.total
+    sides = side_histograms(stats, exclude_zeros=True)
     if spec.symmetric:
-        cost, clipped = clip_costs(sides.folded() / sides.total)
-        t = np.arange(cost.size, dtype=np.float64)
-        inside = np.maximum(1.0 - clipped - zero, 0.0)
-        step = spec.step(-1.0, 1.0) * t  # grid [-t, t]
-        err = cost + inside * step * step / 12.0
-        err[0] = np.inf if cost.size > 1 else 0.0
+        folded = _Side(sides.folded() / sides.total)
+        empty = _Side(np.zeros(0))
+        t = np.arange(folded.size)
+        err = _error(empty, folded, np.zeros_like(t), t, spec.step(-1.0, 1.0) * t)
+        err[0] = np.inf if folded.size > 1 else 0.0
         best = int(np.argmin(err))
         return -best * sides.width, best * sides.width
 
-    cost_n, clip_n = clip_costs(sides.neg / sides.total)
-    cost_p, clip_p = clip_costs(sides.pos / sides.total)
+    neg, pos = _Side(sides.neg / sides.total), _Side(sides.pos / sides.total)
     inv_steps = 1.0 / (spec.levels - 1)
 
     def err(i: np.ndarray, j: np.ndarray) -> np.ndarray:
-        inside = np.maximum(1.0 - clip_n[i] - clip_p[j] - zero, 0.0)
-        step = (i + j) * inv_steps
-        out = cost_n[i] + cost_p[j] + inside * step * step / 12.0
-        return np.where((i + j == 0) & (cost_n.size + cost_p.size > 2), np.inf, out)
+        out = _error(neg, pos, i, j, (i + j) * inv_steps)
+        return np.where((i + j == 0) & (neg.size + pos.size > 2), np.inf, out)
 
-    all_i, all_j = np.arange(cost_n.size), np.arange(cost_p.size)
-    coarse_i = np.unique(np.linspace(0, cost_n.size - 1, _COARSE + 1).round().astype(np.int64))
-    coarse_j = np.unique(np.linspace(0, cost_p.size - 1, _COARSE + 1).round().astype(np.int64))
+    all_i, all_j = np.arange(neg.size), np.arange(pos.size)
+    coarse_i = np.unique(np.linspace(0, neg.size - 1, _COARSE + 1).round().astype(np.int64))
+    coarse_j = np.unique(np.linspace(0, pos.size - 1, _COARSE + 1).round().astype(np.int64))
     grid = err(coarse_i[:, None], coarse_j[None, :])
     a, b = np.unravel_index(int(np.argmin(grid)), grid.shape)
     i, j = int(coarse_i[a]), int(coarse_j[b])
