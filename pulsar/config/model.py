@@ -8,7 +8,7 @@ named after its ``$defs`` entry), so adding a field to the schema adds it here w
 from __future__ import annotations
 
 import dataclasses
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from pulsar.config.schema import def_name, is_object, item_schema, load_schema, resolve
@@ -21,7 +21,7 @@ def _key(node: dict[str, Any]) -> str:
     return str(sorted(resolve(node).get("properties", {})))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _class_for(name: str, key: str) -> type:
     node = _NODES[key]
     fields = []

@@ -83,7 +83,6 @@ def _format(err: ValidationError) -> list[str]:
                 f"{_did_you_mean_ci(err.instance, list(map(str, err.validator_value)))}"]
     if kw == "anyOf":
         enums = [v for alt in err.validator_value for v in alt.get("enum", [])]
-        consts = [alt["const"] for alt in err.validator_value if "const" in alt]
         desc = schema.get("description", "")
         if enums:
             return [f"{path}: {_short(err.instance)} is not one of {', '.join(enums)} "

@@ -67,7 +67,7 @@ def topological_sort(g: onnx.GraphProto) -> None:
             waiting[i].append(idx)
     # Kahn's algorithm over tensor availability; outer-scope names (subgraphs) are treated as ready.
     producers = {o for n in nodes for o in n.output}
-    for idx, need in enumerate(missing):
+    for need in missing:
         for i in list(need):
             if i not in producers:
                 need.discard(i)

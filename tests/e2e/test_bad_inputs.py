@@ -16,8 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tiny_model import make_tiny_cnn
-
 
 class _Evil:
     def __init__(self, marker: Path):
