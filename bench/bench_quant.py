@@ -17,6 +17,7 @@ matching ``quant/quantized.onnx``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -194,7 +195,9 @@ def _pulsar_build():
 
 
 def _ort_input_fallback(model: Path, dest: Path) -> Path:
-    """Without pulsar: fix the input shape and move to opset 17 ourselves, as pulsar's frontend would."""
+    """Without pulsar: fix the input shape, move to opset 17 and fold constants (onnxslim), as
+    pulsar's frontend would, so onnxruntime sees a comparable graph."""
+    import onnxslim
     from onnx import version_converter
 
     m = onnx.load(str(model))
@@ -206,8 +209,7 @@ def _ort_input_fallback(model: Path, dest: Path) -> Path:
     opset = next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
     if opset < 17:
         m = version_converter.convert_version(m, 17)
-    m = onnx.shape_inference.infer_shapes(m)
-    onnx.save(m, str(dest))
+    onnx.save(onnxslim.slim(m), str(dest))
     return dest
 
 
@@ -225,16 +227,17 @@ def _ort_quantize(src: Path, dest: Path, calib: list[np.ndarray], method: str) -
             return None if x is None else {name: x}
 
     start = time.perf_counter()
-    q.quantize_static(
-        str(src),
-        str(dest),
-        Reader(),
-        quant_format=q.QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=q.QuantType.QUInt8,
-        weight_type=q.QuantType.QInt8,
-        calibrate_method=q.CalibrationMethod[method],
-    )
+    with contextlib.redirect_stdout(sys.stderr):  # its calibrators print progress; keep stdout for the table
+        q.quantize_static(
+            str(src),
+            str(dest),
+            Reader(),
+            quant_format=q.QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=q.QuantType.QUInt8,
+            weight_type=q.QuantType.QInt8,
+            calibrate_method=q.CalibrationMethod[method],
+        )
     return time.perf_counter() - start
 
 
@@ -342,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, help="keep builds here (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
+    ort.set_default_logger_severity(3)
     unknown = [m for m in args.models if m not in SPECS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {list(SPECS)}")

@@ -81,25 +81,27 @@ def collect_statistics(
         log.debug("calibration: %d initializers skipped (weights): %s", len(skipped), skipped[:5])
     from_feed = [n for n in names if n in inputs]
     fetch = [n for n in names if n in produced]
+    collected = [n for n in names if n in inputs or n in produced]
     if cache_path is not None:
-        cached = _load_cache(cache_path, [n for n in names if n in from_feed or n in fetch])
+        cached = _load_cache(cache_path, collected)
         if cached is not None:
             log.info("calibration statistics: cache hit, %s (model not run)", cache_path)
             return cached
         log.info("calibration statistics: cache miss, running the float model (%s)", cache_path.name)
-    stats = {n: TensorStats.empty(num_bins) for n in [*from_feed, *fetch]}
+    stats = {n: TensorStats.empty(num_bins) for n in collected}
 
     start, done = time.perf_counter(), 0
     with _session(model, fetch) as session:
         dtypes = {
             n: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for n, i in inputs.items()
         }
-        for done, sample in enumerate(samples, start=1):
+        for sample in samples:  # not enumerate(): its reused result tuple would keep the last sample alive
+            done += 1
             feed = _make_feed(sample, inputs, dtypes, done)
             for name in from_feed:
                 stats[name].update(feed[name])
             outputs = session.run(fetch, feed) if fetch else []
-            del feed
+            del feed, sample  # before the next sample is made: one sample's data alive at a time
             for k, name in enumerate(fetch):
                 if outputs[k] is not None:
                     stats[name].update(outputs[k])

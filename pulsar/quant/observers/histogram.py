@@ -23,7 +23,7 @@ DEFAULT_NUM_BINS = 4096
 _SCALAR_FIELDS = ("count", "min", "max", "hist_lo", "hist_hi", "zeros", "nonfinite")
 
 
-@dataclass
+@dataclass(eq=False)
 class TensorStats:
     """Count, extremes and a histogram of the finite values of one tensor over all samples."""
 
@@ -52,6 +52,14 @@ class TensorStats:
 
     def edges(self) -> np.ndarray:
         return np.linspace(self.hist_lo, self.hist_hi, self.num_bins + 1)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorStats):
+            return NotImplemented
+        mine, theirs = self.to_arrays(), other.to_arrays()
+        return all(np.array_equal(mine[k], theirs[k]) for k in mine)
+
+    __hash__ = None  # mutable
 
     # ----------------------------------------------------------------------------------- update
     def update(self, x: np.ndarray) -> None:

@@ -4,8 +4,10 @@ For a one-sided histogram (bins of ``|x|`` from zero) and ``L`` quantization lev
 first ``i`` bins means: the reference distribution P is those bins with all clipped mass added to
 the last one; the quantized distribution Q merges the i bins into L groups and spreads each
 group's mass evenly over its non-empty bins. The threshold is the ``i`` (L <= i <= bins) with the
-smallest KL(P || Q). Symmetric grids work on ``|x|`` with half the levels; asymmetric grids search
-each side, splitting the levels between the sides in proportion to their thresholds.
+smallest KL(P || Q). Symmetric grids work on ``|x|`` with half the levels; asymmetric grids give
+one-sided data all levels and otherwise search each side, splitting the levels between the sides
+in proportion to their thresholds. Exact zeros are left out: zero is on every grid, and the spike
+of a ReLU output at zero would otherwise drag the threshold down to the smallest candidate.
 
 KL(P || Q) for all candidates is evaluated in closed form from prefix sums of the counts, of
 ``h log h`` and of the non-empty-bin counts, so one candidate costs O(L), not O(bins); long

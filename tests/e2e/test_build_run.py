@@ -1,0 +1,134 @@
+"""Fast end-to-end: build the tiny CNN, run it with `pulsar run`, reproduce a build from its
+effective config."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import yaml
+
+import pulsar
+from pulsar.runtime.session import reference_session_options
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "pulsar", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def _qdq_reference(path: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    sess = ort.InferenceSession(str(path), reference_session_options(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed), strict=True))
+
+
+def test_cli_build_writes_every_artifact_and_effective_config(tmp_path, tiny, tiny_config):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config))
+    out = tmp_path / "out"
+    proc = _cli("build", "--input", str(tiny["model"]), "--output_dir", str(out), "--config", str(cfg),
+                "--quant.calibration_method", "KL", "--compiler.check", "0", cwd=tmp_path)
+    for rel in ("build_config.json", "build.log", "frontend/optimized.onnx", "quant/quantized.onnx",
+                "quant/quant_config.json", "compiled.pulsar"):
+        assert (out / rel).is_file(), rel
+    eff = json.loads((out / "build_config.json").read_text())
+    assert eff["quant"]["calibration_method"] == "KL" and eff["compiler"]["check"] == 0
+    assert eff["input"] == str(tiny["model"]) and eff["output_dir"] == str(out)
+    log = (out / "build.log").read_text()
+    assert "Quant Config Table" in log and "Artifacts" in log and "quantization done" in log
+    assert "Quant Config Table" in proc.stderr
+    # The QDQ model is standard ONNX that onnxruntime runs; every quantized tensor is in the JSON.
+    qmodel = onnx.load(out / "quant" / "quantized.onnx")
+    onnx.checker.check_model(qmodel)
+    qjson = json.loads((out / "quant" / "quant_config.json").read_text())
+    dq_outputs = {n.output[0] for n in qmodel.graph.node if n.op_type == "DequantizeLinear"}
+    assert set(qjson["tensors"]) <= {t.removesuffix("/dq") for t in dq_outputs}
+    kinds = {v["kind"] for v in qjson["tensors"].values()}
+    assert {"activation", "weight", "bias"} <= kinds
+    assert all(v["dtype"] == "S8" and v["policy"]["PER_CHANNEL"] for v in qjson["tensors"].values()
+               if v["kind"] == "weight")
+    assert all(v["dtype"] == "U8" for v in qjson["tensors"].values() if v["kind"] == "activation")
+    assert all(v["dtype"] == "S32" for v in qjson["tensors"].values() if v["kind"] == "bias")
+
+    # Rebuilding from build_config.json alone gives the same quantized model.
+    out2 = tmp_path / "out2"
+    _cli("build", "--config", str(out / "build_config.json"), "--output_dir", str(out2), cwd=tmp_path)
+    assert (out2 / "quant" / "quantized.onnx").read_bytes() == (out / "quant" / "quantized.onnx").read_bytes()
+
+
+def test_pulsar_run_reproduces_the_quantized_model(tmp_path, tiny, tiny_config):
+    res = pulsar.build(tiny["model"], tmp_path / "out", tiny_config, quiet=True)
+    rng = np.random.default_rng(7)
+    samples = tmp_path / "samples"
+    feeds = []
+    for i in range(3):
+        d = samples / f"s{i}"
+        d.mkdir(parents=True)
+        x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+        feeds.append(x)
+        if i == 2:
+            x.tofile(d / "image.bin")          # raw .bin works too
+        else:
+            np.save(d / "image.npy", x)
+    (tmp_path / "list.txt").write_text("s0\n# a comment\n\ns1\n" + str(samples / "s2") + "\n")
+    _cli("run", "--model", str(res.compiled_model), "--input_dir", str(samples), "--list",
+         str(tmp_path / "list.txt"), "--output_dir", str(tmp_path / "run"), cwd=tmp_path)
+    for i, x in enumerate(feeds):
+        got = np.load(tmp_path / "run" / f"s{i}" / "logits.npy")
+        want = _qdq_reference(res.quantized_model, {"image": x})["logits"]
+        np.testing.assert_array_equal(got, want)
+    _cli("run", "--model", str(res.compiled_model), "--input_dir", str(samples / "s0"), "--output_dir",
+         str(tmp_path / "single"), cwd=tmp_path)
+    np.testing.assert_array_equal(np.load(tmp_path / "single" / "logits.npy"),
+                                  np.load(tmp_path / "run" / "s0" / "logits.npy"))
+
+
+@pytest.mark.parametrize("method", ["MinMax", "Percentile", "MSE", "KL"])
+def test_every_calibration_method_builds_and_stays_close_to_float(tmp_path_factory, tiny, tiny_config, method):
+    work = tmp_path_factory.getbasetemp() / "shared_work"
+    res = pulsar.build(tiny["model"], tmp_path_factory.mktemp(method), tiny_config,
+                       {"quant.calibration_method": method, "work_dir": str(work), "compiler.check": 3},
+                       quiet=True)
+    x = np.load(sorted(Path(tiny["calib"]).glob("*.npy"))[0])
+    want = ort.InferenceSession(str(tiny["model"])).run(None, {"image": x})[0]
+    got = pulsar.Session(res.compiled_model).run({"image": x})["logits"]
+    cos = float((want * got).sum() / (np.linalg.norm(want) * np.linalg.norm(got)))
+    assert cos > 0.98, (method, cos)
+    meta = pulsar.Session(res.compiled_model).metadata
+    assert meta["calibration_method"] == method and meta["target_hardware"] == "VNPU-M"
+
+
+def test_calibration_statistics_are_cached(tmp_path, tiny, tiny_config):
+    work = tmp_path / "work"
+    pulsar.build(tiny["model"], tmp_path / "a", tiny_config, {"work_dir": str(work)}, quiet=True)
+    cached = list((work / "cache").glob("calib_stats_*.npz"))
+    assert len(cached) == 1
+    pulsar.build(tiny["model"], tmp_path / "b", tiny_config, {"work_dir": str(work),
+                                                               "quant.calibration_method": "MSE"}, quiet=True)
+    assert "cache hit" in (tmp_path / "b" / "build.log").read_text()
+
+
+def test_fp32_layer_config_keeps_the_layer_float(tmp_path, tiny, tiny_config):
+    tiny_config["quant"]["layer_configs"] = [{"layer_name": "fc", "data_type": "FP32"}]
+    res = pulsar.build(tiny["model"], tmp_path / "out", tiny_config, quiet=True)
+    qjson = json.loads(res.quant_config.read_text())
+    assert qjson["nodes"]["fc"]["placement"] == "FP32"
+    assert "fc.w" not in qjson["tensors"] and "logits" not in qjson["tensors"]
+    assert "Layer Config Table" in (tmp_path / "out" / "build.log").read_text()
+
+
+def test_transformation_check_runs_on_calibration_samples(tmp_path, tiny, tiny_config):
+    res = pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {"onnx_opt.model_check": True}, quiet=True)
+    log = (tmp_path / "out" / "build.log").read_text()
+    assert "Model check" in log and "fold_batchnorm" in log
+    ops = {n.op_type for n in onnx.load(res.optimized_model).graph.node}
+    assert "BatchNormalization" not in ops and "Identity" not in ops

@@ -1,0 +1,84 @@
+"""Acceptance on real models (slow): the PP-OCRv4 recognizer with all four calibration methods and
+MobileNetV2 with Image calibration from real photos. Figures are printed (run with -s to see them);
+bench/bench_quant.py prints the full comparison with onnxruntime's quantizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import pulsar
+from examples.assets import (
+    OBJECT_PHOTOS,
+    ctc_decode,
+    imagenet_preprocess,
+    make_example_assets,
+    normalize_text,
+    ocr_preprocess,
+    photo_crops,
+    ppocr_charset,
+    render_text_lines,
+)
+from pulsar.runtime.session import reference_session_options
+
+pytestmark = pytest.mark.slow
+EVAL_N = 100
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return make_example_assets(tmp_path_factory.mktemp("assets"), n_calib=32)
+
+
+@pytest.fixture(scope="module")
+def ocr_eval(assets):
+    lines = render_text_lines(EVAL_N, seed=2024, part="eval")
+    return [ocr_preprocess(img) for img, _ in lines], [normalize_text(t) for _, t in lines]
+
+
+def _exact_match(run, xs, texts, charset) -> float:
+    return float(np.mean([normalize_text(ctc_decode(run(x), charset)) == t for x, t in zip(xs, texts, strict=True)]))
+
+
+def test_ppocr_recognizer_all_methods(assets, ocr_eval, tmp_path_factory):
+    model = assets["ocr_rec"]
+    charset = ppocr_charset(model)
+    xs, texts = ocr_eval
+    float_sess = ort.InferenceSession(str(model))
+    in_name = float_sess.get_inputs()[0].name
+    float_acc = _exact_match(lambda x: float_sess.run(None, {in_name: x})[0], xs, texts, charset)
+    work = tmp_path_factory.mktemp("ocr_work")
+    figures = {"float": float_acc}
+    for method in ("MinMax", "Percentile", "MSE", "KL"):
+        res = pulsar.build(model, tmp_path_factory.mktemp(f"ocr_{method}"), "configs/ocr_rec.yaml", {
+            "quant.calibration_method": method, "work_dir": str(work), "compiler.check": 0,
+            "quant.input_configs": [{"tensor_name": "x", "calibration_dataset": str(assets["ocr_calib"]),
+                                     "calibration_format": "Numpy", "calibration_size": 32}]}, quiet=True)
+        sess = pulsar.Session(res.compiled_model)
+        ref = ort.InferenceSession(str(res.quantized_model), reference_session_options())
+        # The compiled model reproduces the quantized model exactly.
+        for x in xs[:5]:
+            np.testing.assert_array_equal(sess.run({in_name: x})[sess.outputs[0].name], ref.run(None, {in_name: x})[0])
+        figures[method] = _exact_match(lambda x, s=sess: s.run({in_name: x})[s.outputs[0].name], xs, texts, charset)
+    print("\nPP-OCRv4 recognizer exact match on", EVAL_N, "rendered lines:", figures)
+    assert float_acc >= 0.9
+    # A floor well below today's figures that still catches a broken method (KL once gave 0.0).
+    for method in ("MinMax", "Percentile", "MSE", "KL"):
+        assert figures[method] >= 0.5, figures
+
+
+def test_mobilenet_v2_image_calibration(assets, tmp_path):
+    model = assets["mobilenetv2"]
+    res = pulsar.build(model, tmp_path / "out", "configs/mobilenetv2.toml", {
+        "quant.input_configs": [{"tensor_name": "DEFAULT", "calibration_dataset": str(assets["imagenet_calib_tar"]),
+                                 "calibration_format": "Image", "calibration_mean": [123.675, 116.28, 103.53],
+                                 "calibration_std": [58.395, 57.12, 57.375]}]}, quiet=True)
+    crops = photo_crops(EVAL_N, seed=99, size=256, part="eval", photos=OBJECT_PHOTOS)
+    xs = [imagenet_preprocess(c) for c in crops]
+    float_sess = ort.InferenceSession(str(model))
+    sess = pulsar.Session(res.compiled_model)
+    agree = np.mean([float_sess.run(None, {"input": x})[0].argmax() == sess.run({"input": x})["output"].argmax()
+                     for x in xs])
+    print(f"\nMobileNetV2 top-1 agreement with float on {EVAL_N} crops: {agree:.3f}")
+    assert agree >= 0.7

@@ -1,0 +1,283 @@
+"""Streaming histogram statistics and the four calibration methods, checked against numpy."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from pulsar.errors import PulsarError
+from pulsar.quant.observers import CALIBRATION_METHODS, DEFAULT_NUM_BINS, TensorStats, compute_range
+from pulsar.quant.observers.kl import kl_divergences
+
+METHODS = ["MinMax", "Percentile", "MSE", "KL"]
+
+
+def _stats(x: np.ndarray, batches: int = 16, num_bins: int = DEFAULT_NUM_BINS) -> TensorStats:
+    s = TensorStats.empty(num_bins)
+    for b in np.array_split(x, batches):
+        s.update(b)
+    return s
+
+
+def _quant_mse(x: np.ndarray, lo: float, hi: float, num_bits: int = 8, symmetric: bool = False) -> float:
+    """Mean squared error of actually quantizing x to the grid of [lo, hi] (zero exactly on the grid)."""
+    x = x.astype(np.float64)
+    if symmetric:
+        qmax = 2 ** (num_bits - 1) - 1
+        scale = hi / qmax
+        q = np.clip(np.round(x / scale), -qmax, qmax)
+        return float(np.mean((q * scale - x) ** 2))
+    qmax = 2**num_bits - 1
+    scale = (hi - lo) / qmax
+    zp = np.round(-lo / scale)
+    q = np.clip(np.round(x / scale) + zp, 0, qmax)
+    return float(np.mean(((q - zp) * scale - x) ** 2))
+
+
+@pytest.fixture(scope="module")
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="module")
+def gauss_outliers(rng: np.random.Generator) -> np.ndarray:
+    x = np.concatenate([rng.standard_normal(1_000_000), rng.uniform(15, 40, 30), -rng.uniform(15, 40, 20)])
+    return rng.permutation(x).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------ histogram
+def test_histogram_widening_keeps_counts_and_matches_numpy(rng: np.random.Generator) -> None:
+    # batches that keep growing on both sides force several re-binnings
+    batches = [rng.normal(0, 0.1 * (k + 1), 20_000).astype(np.float32) + 0.05 * k for k in range(12)]
+    s = TensorStats.empty(2048)
+    s.update(batches[0])
+    first_span = s.hist_hi - s.hist_lo
+    for b in batches[1:]:
+        s.update(b)
+    data = np.concatenate(batches)
+    assert s.hist_hi - s.hist_lo > 2 * first_span  # it did widen
+    assert s.count == data.size == int(s.hist.sum())
+    assert (s.min, s.max) == (float(data.min()), float(data.max()))
+    assert s.hist_lo <= s.min and s.max <= s.hist_hi
+    ref, _ = np.histogram(data, bins=s.num_bins, range=(s.hist_lo, s.hist_hi))
+    # bins are merged exactly: only values sitting on an edge (float rounding) may differ
+    assert np.abs(ref - s.hist).sum() <= 1e-3 * data.size
+    assert s.hist.shape == (2048,)
+
+
+def test_widening_from_constant_first_batch(rng: np.random.Generator) -> None:
+    s = TensorStats.empty(512)
+    s.update(np.zeros(1000, np.float32))
+    s.update(np.full(10, 3.0, np.float32))
+    data = rng.uniform(-2, 5, 5000).astype(np.float32)
+    s.update(data)
+    assert s.count == 6010 == int(s.hist.sum())
+    assert s.zeros == 1000 + int(np.sum(data == 0))
+    assert s.min == float(data.min()) and s.max == float(data.max())
+    edges = s.edges()
+    zero_bin = np.searchsorted(edges, 0.0, side="right") - 1
+    assert s.hist[zero_bin] >= 1000  # the zeros are still at zero
+
+
+def test_nonfinite_values_are_skipped() -> None:
+    s = TensorStats.empty()
+    s.update(np.array([1.0, np.nan, -np.inf, 2.0, np.inf], np.float32))
+    assert (s.count, s.nonfinite, s.min, s.max) == (2, 3, 1.0, 2.0)
+    s.update(np.array([np.nan], np.float32))
+    assert s.count == 2 and s.nonfinite == 4
+
+
+def test_stats_memory_is_independent_of_sample_count(rng: np.random.Generator) -> None:
+    few, many = TensorStats.empty(), TensorStats.empty()
+    few.update(rng.standard_normal(100).astype(np.float32))
+    for _ in range(300):
+        many.update(rng.standard_normal(5000).astype(np.float32))
+    size = sum(a.nbytes for a in few.to_arrays().values())
+    assert size == sum(a.nbytes for a in many.to_arrays().values())
+    assert many.count == 1_500_000
+
+
+def test_to_from_arrays_roundtrip(gauss_outliers: np.ndarray) -> None:
+    s = _stats(gauss_outliers[:10_000])
+    back = TensorStats.from_arrays(s.to_arrays())
+    assert back == s and back is not s
+    back.update(np.ones(3, np.float32))
+    assert back != s
+    assert all(v.dtype.kind != "O" for v in s.to_arrays().values())
+
+
+def test_merge_equals_stats_of_union(rng: np.random.Generator) -> None:
+    a_data = rng.normal(0, 1, 50_000).astype(np.float32)
+    b_data = rng.normal(3, 2, 50_000).astype(np.float32)
+    a, b = _stats(a_data, 4), _stats(b_data, 4)
+    a.merge(b)
+    both = np.concatenate([a_data, b_data])
+    assert a.count == both.size == int(a.hist.sum())
+    assert (a.min, a.max) == (float(both.min()), float(both.max()))
+    p = compute_range(a, "Percentile", percentile=99.9)
+    assert p[1] == pytest.approx(np.percentile(both, 99.9), abs=2 * a.bin_width + 2 * b.bin_width)
+
+
+# -------------------------------------------------------------------------------------- methods
+def test_registry_and_unknown_method() -> None:
+    assert set(METHODS) <= set(CALIBRATION_METHODS)
+    s = _stats(np.linspace(-1, 1, 101, dtype=np.float32), 1)
+    assert compute_range(s, "kl") == compute_range(s, "KL")  # case does not matter
+    with pytest.raises(PulsarError, match=r'quant\.calibration_method.*did you mean "Percentile"'):
+        compute_range(s, "Percentil")
+
+
+def test_minmax_is_exact(rng: np.random.Generator) -> None:
+    x = rng.uniform(-3, 7, 10_000).astype(np.float32)
+    s = _stats(x)
+    assert compute_range(s, "MinMax") == (float(x.min()), float(x.max()))
+    t = float(max(-x.min(), x.max()))
+    assert compute_range(s, "MinMax", symmetric=True) == (-t, t)
+    pos = _stats(np.abs(x) + 2.0)
+    assert compute_range(pos, "MinMax") == (0.0, float(np.max(np.abs(x) + 2.0)))
+
+
+@pytest.mark.parametrize("p", [99.99, 99.9, 99.0])
+def test_percentile_matches_numpy(gauss_outliers: np.ndarray, p: float) -> None:
+    s = _stats(gauss_outliers)
+    lo, hi = compute_range(s, "Percentile", percentile=p)
+    ref_lo, ref_hi = np.percentile(gauss_outliers, [100 - p, p])
+    assert abs(lo - ref_lo) <= s.bin_width and abs(hi - ref_hi) <= s.bin_width
+    assert hi < 0.2 * s.max  # the outliers are clipped
+    lo_s, hi_s = compute_range(s, "Percentile", percentile=p, symmetric=True)
+    assert lo_s == -hi_s
+    assert abs(hi_s - np.percentile(np.abs(gauss_outliers), p)) <= s.bin_width
+
+
+def test_percentile_one_sided_keeps_lower_end(rng: np.random.Generator) -> None:
+    x = (np.abs(rng.standard_normal(200_000)) + 1.0).astype(np.float32)
+    s = _stats(x)
+    lo, hi = compute_range(s, "Percentile", percentile=99.9)
+    assert lo == 0.0  # min (1.0) kept, then extended to zero
+    assert abs(hi - np.percentile(x, 99.9)) <= s.bin_width
+
+
+def test_mse_beats_minmax_on_outliers(gauss_outliers: np.ndarray) -> None:
+    s = _stats(gauss_outliers)
+    for symmetric in (False, True):
+        mse = compute_range(s, "MSE", symmetric=symmetric, signed=symmetric)
+        mm = compute_range(s, "MinMax", symmetric=symmetric, signed=symmetric)
+        err_mse = _quant_mse(gauss_outliers, *mse, symmetric=symmetric)
+        err_mm = _quant_mse(gauss_outliers, *mm, symmetric=symmetric)
+        assert err_mse < 0.7 * err_mm
+        assert mse[1] < mm[1]
+
+
+@pytest.mark.parametrize("kind", ["laplace", "relu_t3", "t2"])
+def test_mse_is_near_the_brute_force_optimum(rng: np.random.Generator, kind: str) -> None:
+    x = {
+        "laplace": lambda: rng.laplace(size=200_000),
+        "relu_t3": lambda: np.maximum(rng.standard_t(3, 200_000), 0),
+        "t2": lambda: rng.standard_t(2, 200_000),  # bulk far narrower than the range
+    }[kind]().astype(np.float32)
+    s = _stats(x)
+    lo, hi = compute_range(s, "MSE")
+    scales = np.geomspace(0.02, 1.0, 30)
+    lows = [0.0] if x.min() >= 0 else x.min() * scales
+    best = min(_quant_mse(x, a, b) for a in lows for b in x.max() * scales)
+    assert _quant_mse(x, lo, hi) <= 1.02 * best
+
+
+def test_mse_keeps_uniform_data_nearly_unclipped(rng: np.random.Generator) -> None:
+    x = rng.uniform(-1, 3, 500_000).astype(np.float32)
+    s = _stats(x)
+    lo, hi = compute_range(s, "MSE")
+    assert lo == pytest.approx(x.min(), rel=0.01) and hi == pytest.approx(x.max(), rel=0.01)
+    assert _quant_mse(x, lo, hi) <= 1.01 * _quant_mse(x, float(x.min()), float(x.max()))
+
+
+def test_kl_clips_heavy_tails_and_keeps_uniform(rng: np.random.Generator) -> None:
+    heavy = np.maximum(rng.standard_t(3, 500_000), 0).astype(np.float32)
+    s = _stats(heavy)
+    lo, hi = compute_range(s, "KL")
+    assert lo == 0.0 and hi < 0.5 * s.max
+    assert hi > np.percentile(heavy, 99)  # clips the tail, not the bulk
+    sym = compute_range(_stats(rng.laplace(size=500_000).astype(np.float32)), "KL", symmetric=True)
+    assert sym[0] == -sym[1]
+
+    uniform = rng.uniform(0, 1, 500_000).astype(np.float32)
+    lo, hi = compute_range(_stats(uniform), "KL")
+    assert lo == 0.0 and hi >= 0.98 * uniform.max()
+    two_sided = rng.uniform(-1, 1, 500_000).astype(np.float32)
+    for symmetric in (False, True):
+        lo, hi = compute_range(_stats(two_sided), "KL", symmetric=symmetric)
+        assert lo <= 0.98 * two_sided.min() and hi >= 0.98 * two_sided.max()
+
+
+def test_kl_closed_form_matches_reference_loop(rng: np.random.Generator) -> None:
+    """The vectorised KL equals the textbook per-threshold computation."""
+
+    def reference(h: np.ndarray, i: int, levels: int) -> float:
+        p = h[:i].copy()
+        p[-1] += h[i:].sum()
+        support = p > 0
+        q = np.zeros(i)
+        bounds = (np.arange(levels + 1) * i) // levels
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            if support[a:b].any():
+                q[a:b] = np.where(support[a:b], h[a:b].sum() / support[a:b].sum(), 0.0)
+        p, q = p / p.sum(), q / q.sum()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.where(support, p * np.log(p / q), 0.0).sum())
+
+    h = rng.integers(0, 40, 400).astype(np.float64)
+    h[rng.random(400) < 0.3] = 0
+    levels = 32
+    cands = np.arange(levels, 401)
+    got = kl_divergences(h, cands, levels)
+    want = np.array([reference(h, i, levels) for i in cands])
+    ok = np.isfinite(want)
+    np.testing.assert_array_equal(np.isfinite(got), ok)
+    np.testing.assert_allclose(got[ok], want[ok], atol=1e-6)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_range_contains_zero_and_stays_within_data(rng: np.random.Generator, method: str) -> None:
+    for data in (rng.uniform(3, 5, 50_000), rng.uniform(-5, -3, 50_000), rng.normal(1, 2, 50_000)):
+        x = data.astype(np.float32)
+        s = _stats(x)
+        for symmetric in (False, True):
+            lo, hi = compute_range(s, method, symmetric=symmetric)
+            assert lo <= 0.0 <= hi and hi > lo
+            if symmetric:
+                assert lo == -hi
+            else:
+                assert lo >= min(float(x.min()), 0.0) and hi <= max(float(x.max()), 0.0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_degenerate_statistics(method: str) -> None:
+    assert compute_range(TensorStats.empty(), method) == (0.0, 0.0)
+    zeros = _stats(np.zeros(100, np.float32), 2)
+    assert compute_range(zeros, method) == (0.0, 0.0)
+    const = _stats(np.full(100, 2.5, np.float32), 2)
+    assert compute_range(const, method)[1] == pytest.approx(2.5, rel=1e-3)
+
+
+def test_sixteen_bits_barely_clip(gauss_outliers: np.ndarray) -> None:
+    s = _stats(gauss_outliers)
+    assert compute_range(s, "KL", num_bits=16) == compute_range(s, "MinMax", num_bits=16)
+    lo, hi = compute_range(s, "MSE", num_bits=16)
+    lo8, hi8 = compute_range(s, "MSE", num_bits=8)
+    assert hi >= hi8 and lo <= lo8  # finer grid: rounding is cheap, clipping less attractive
+
+
+def test_ranges_for_many_tensors_are_fast(rng: np.random.Generator) -> None:
+    stats = []
+    for k in range(60):
+        x = rng.standard_t(3 + k % 5, 20_000).astype(np.float32)
+        stats.append(_stats(np.maximum(x, 0) if k % 2 else x, 2))
+    start = time.process_time()
+    for s in stats:
+        for method in ("MSE", "KL"):
+            compute_range(s, method)
+            compute_range(s, method, symmetric=True)
+    per_tensor = (time.process_time() - start) / len(stats)
+    assert per_tensor < 0.05  # ~5 ms expected for both methods, both grids: 1500 tensors in seconds
