@@ -42,6 +42,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from pulsar.errors import PulsarError
+from pulsar.frontend.graph import outer_scope_inputs, subgraphs
 from pulsar.utils.atomic import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -111,21 +112,9 @@ def _defined_names(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _sub_graphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
 def outer_references(graph: onnx.GraphProto) -> set[str]:
     """Names ``graph`` (and graphs nested in it) uses but does not define."""
-    used = {i for n in graph.node for i in n.input if i} | {o.name for o in graph.output}
-    for node in graph.node:
-        for sub in _sub_graphs(node):
-            used |= outer_references(sub)
-    return used - _defined_names(graph)
+    return outer_scope_inputs(graph)
 
 
 def _rename_refs(graph: onnx.GraphProto, old: str, new: str, *, rename_outputs: bool) -> None:
@@ -134,7 +123,7 @@ def _rename_refs(graph: onnx.GraphProto, old: str, new: str, *, rename_outputs: 
         for i, name in enumerate(node.input):
             if name == old:
                 node.input[i] = new
-        for sub in _sub_graphs(node):
+        for sub in subgraphs(node):
             if old not in _defined_names(sub):
                 _rename_refs(sub, old, new, rename_outputs=True)
     if rename_outputs:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.quant.observers import DEFAULT_NUM_BINS, TensorStats, compute_range, get_method
@@ -39,6 +40,15 @@ __all__ = [
 ]
 
 _CACHE_VERSION = 1
+_ORT_ERRORS = (
+    ort_state.Fail,
+    ort_state.InvalidArgument,
+    ort_state.InvalidGraph,
+    ort_state.InvalidProtobuf,
+    ort_state.NoSuchFile,
+    ort_state.NotImplemented,
+    ort_state.RuntimeException,
+)
 _KEY_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB cap, with room for the graph around the weights
 
@@ -100,7 +110,13 @@ def collect_statistics(
             feed = _make_feed(sample, inputs, dtypes, done)
             for name in from_feed:
                 stats[name].update(feed[name])
-            outputs = session.run(fetch, feed) if fetch else []
+            try:
+                outputs = session.run(fetch, feed) if fetch else []
+            except _ORT_ERRORS as exc:
+                raise PulsarError(
+                    f"calibration sample {done}: onnxruntime failed on the float model ({_first_line(exc)}); "
+                    "check that the calibration data matches the model inputs"
+                ) from exc
             del feed, sample  # before the next sample is made: one sample's data alive at a time
             for k, name in enumerate(fetch):
                 if outputs[k] is not None:
@@ -174,7 +190,20 @@ def _session(model: onnx.ModelProto, fetch: list[str]):
             onnx.save_model(exposed, tmp / "model.onnx", save_as_external_data=True, location="weights.bin")
             source = str(tmp / "model.onnx")
         del exposed
-        yield ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+        try:
+            session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+        except _ORT_ERRORS as exc:
+            raise PulsarError(
+                f"calibration: onnxruntime cannot load the float model ({_first_line(exc)}); "
+                "the model must run in onnxruntime on CPU for calibration"
+            ) from exc
+        del source
+        yield session
+
+
+def _first_line(exc: Exception, limit: int = 300) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:limit]
 
 
 def _make_feed(

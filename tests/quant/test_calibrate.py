@@ -165,6 +165,19 @@ def test_user_errors_are_pulsar_errors() -> None:
         collect_statistics(_model(), NAMES, [])
 
 
+def test_onnxruntime_failures_are_pulsar_errors() -> None:
+    broken = _model()
+    broken.graph.node.append(helper.make_node("NoSuchOp", ["add_out"], ["odd"], domain="pulsar.test"))
+    broken.opset_import.append(helper.make_opsetid("pulsar.test", 1))
+    with pytest.raises(PulsarError, match="onnxruntime cannot load the float model"):
+        collect_statistics(broken, ["relu_out"], _samples(1))
+    dynamic = _model()
+    for dim, name in zip(dynamic.graph.input[0].type.tensor_type.shape.dim, "NCHW", strict=True):
+        dim.dim_param = name  # no static dims: a wrong channel count reaches onnxruntime
+    with pytest.raises(PulsarError, match="calibration sample 1: onnxruntime failed"):
+        collect_statistics(dynamic, ["relu_out"], [{"x": np.zeros((1, 2, 8, 8), np.float32)}])
+
+
 def test_feed_dtype_is_converted() -> None:
     samples = [{"x": s["x"].astype(np.float64)} for s in _samples(2)]
     stats = collect_statistics(_model(), ["x", "add_out"], samples)

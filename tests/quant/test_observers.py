@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from pulsar.errors import PulsarError
-from pulsar.quant.observers import CALIBRATION_METHODS, DEFAULT_NUM_BINS, TensorStats, compute_range
+from pulsar.quant.observers import (
+    CALIBRATION_METHODS,
+    DEFAULT_NUM_BINS,
+    TensorStats,
+    compute_range,
+    side_histograms,
+)
 from pulsar.quant.observers.kl import kl_divergences
 
 METHODS = ["MinMax", "Percentile", "MSE", "KL"]
@@ -118,6 +124,24 @@ def test_merge_equals_stats_of_union(rng: np.random.Generator) -> None:
     assert (a.min, a.max) == (float(both.min()), float(both.max()))
     p = compute_range(a, "Percentile", percentile=99.9)
     assert p[1] == pytest.approx(np.percentile(both, 99.9), abs=2 * a.bin_width + 2 * b.bin_width)
+
+
+def test_side_histograms_keep_all_counts(rng: np.random.Generator) -> None:
+    for x in (
+        rng.standard_t(2, 100_000),  # extremes far out, alone in their bins
+        np.abs(rng.normal(size=10_000)),
+        -np.abs(rng.normal(size=10_000)),
+        rng.uniform(3, 5, 10_000),
+    ):
+        s = _stats(x.astype(np.float32))
+        sides = side_histograms(s)
+        assert sides.pos.sum() + sides.neg.sum() == pytest.approx(s.count, rel=1e-9)
+        # only the raw bin straddling zero is split between the sides (in proportion)
+        straddling = (
+            s.hist[int(np.clip(-s.hist_lo / s.bin_width, 0, s.num_bins - 1))] if s.min < 0 < s.max else 0
+        )
+        assert sides.pos.sum() == pytest.approx(np.sum(x > 0), abs=straddling + 1e-6)
+        assert sides.pos.size * sides.width >= s.max and sides.neg.size * sides.width >= -s.min
 
 
 # -------------------------------------------------------------------------------------- methods

@@ -4,8 +4,10 @@ A :class:`TensorStats` keeps the count, extremes, number of exact zeros and a fi
 so its memory does not depend on how many samples were seen. The histogram grid starts at the first
 batch's [min, max] and, when a later batch falls outside, grows by an integer factor with the new
 edges aligned on old edges. Re-binning is then an exact merge of neighbouring bins, so the counts
-always equal ``np.histogram`` of all data seen on the current grid, and growth is at least 2x,
-which keeps re-binning rare.
+equal ``np.histogram`` of all data seen on the current grid (up to values that rounding puts on
+the other side of an edge), and growth is at least 2x, which keeps re-binning rare. Only when all
+earlier data fit in less than one new bin (e.g. a constant first batch) does the grid restart,
+with the old counts placed at their bin centres.
 
 The methods mostly look at one side of zero at a time (the grid always contains zero):
 :func:`side_histograms` re-bins the histogram into ``|x|`` bins starting at zero for each sign.
@@ -20,6 +22,7 @@ import numpy as np
 
 DEFAULT_NUM_BINS = 4096
 
+_CHUNK = 1 << 22  # values binned at a time
 _SCALAR_FIELDS = ("count", "min", "max", "hist_lo", "hist_hi", "zeros", "nonfinite")
 
 
@@ -92,6 +95,7 @@ class TensorStats:
             return
         self._cover(other.min, other.max)
         cdf = np.interp(self.edges(), other.edges(), np.concatenate([[0], np.cumsum(other.hist)]))
+        cdf[0], cdf[-1] = 0, other.count  # the grid holds [other.min, other.max]: all of its counts
         self.hist += np.diff(np.rint(cdf).astype(np.int64))
         self.count += other.count
         self.zeros += other.zeros
@@ -152,14 +156,21 @@ def _initial_grid(lo: float, hi: float) -> tuple[float, float]:
 
 
 def _bin_counts(x: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
-    """Counts of ``x`` (all within [lo, hi]) in ``n`` equal bins; the top edge goes to the last bin."""
+    """Counts of ``x`` (all within [lo, hi]) in ``n`` equal bins; the top edge goes to the last bin.
+
+    Large tensors go in chunks, so the temporaries (bin positions, indices) stay small.
+    """
     scale = n / (hi - lo)
     if x.dtype == np.float32 and (scale > 1e30 or abs(lo) > 1e30):
         x = x.astype(np.float64)  # keep float32 arithmetic away from overflow on degenerate grids
-    t = x - x.dtype.type(lo)
-    t *= x.dtype.type(scale)
-    np.clip(t, 0.0, n - 0.5, out=t)  # rounding can push the extremes just past the outer edges
-    return np.bincount(t.astype(np.intp), minlength=n)[:n]
+    lo_, scale_ = x.dtype.type(lo), x.dtype.type(scale)
+    counts = np.zeros(n, np.int64)
+    for start in range(0, x.size, _CHUNK):
+        t = x[start : start + _CHUNK] - lo_
+        t *= scale_
+        np.clip(t, 0.0, n - 0.5, out=t)  # rounding can push the extremes just past the outer edges
+        counts += np.bincount(t.astype(np.intp), minlength=n)[:n]
+    return counts
 
 
 # --------------------------------------------------------------------------- derived histograms
@@ -192,23 +203,28 @@ def side_histograms(
     bins (they are still in ``total`` and ``zeros``).
     """
     max_bins = max_bins or 2 * stats.num_bins
-    pos_extent, neg_extent = max(stats.max, 0.0), max(-stats.min, 0.0)
-    extent = max(pos_extent, neg_extent)
-    width = max(stats.bin_width, extent / max_bins) if extent > 0 else 1.0
+    raw_w, lo, last = stats.bin_width, stats.hist_lo, stats.num_bins - 1
+    # each side reaches the far edge of the raw bin holding its extreme, so no count is cut off
+    pos_cover = lo + (min(int((stats.max - lo) / raw_w), last) + 1) * raw_w if stats.max > 0 else 0.0
+    neg_cover = -(lo + min(int((stats.min - lo) / raw_w), last) * raw_w) if stats.min < 0 else 0.0
+    extent = max(pos_cover, neg_cover)
+    width = max(raw_w, extent / max_bins) if extent > 0 else 1.0
     hist = _without_zeros(stats) if exclude_zeros else stats.hist
     cdf = np.concatenate([[0.0], np.cumsum(hist, dtype=np.float64)])
     raw_edges = stats.edges()
 
-    def side(extent_: float, sign: float) -> np.ndarray:
-        if extent_ <= 0:
+    def side(cover: float, sign: float, all_of_it: bool) -> np.ndarray:
+        if cover <= 0:
             return np.zeros(0)
-        n = max(1, math.ceil(extent_ / width - 1e-9))
+        n = max(1, math.ceil(cover / width - 1e-9))
         at = np.interp(sign * width * np.arange(n + 1), raw_edges, cdf)
+        if all_of_it:  # one-sided data: the raw bin straddling zero belongs to this side entirely
+            at[0] = 0.0 if sign > 0 else cdf[-1]
         return np.abs(np.diff(at))
 
     return SideHistograms(
-        pos=side(pos_extent, 1.0),
-        neg=side(neg_extent, -1.0),
+        pos=side(pos_cover, 1.0, stats.min >= 0),
+        neg=side(neg_cover, -1.0, stats.max <= 0),
         width=width,
         zeros=float(stats.zeros),
         total=float(stats.count),
