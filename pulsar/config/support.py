@@ -46,6 +46,8 @@ _PREPROC = "preprocessing inside the model (layout, dtype, color conversion, nor
 
 RULES: list[Rule] = [
     Rule("model_type", lambda v, _c: v == "ONNX", "only float ONNX input (model_type ONNX) is available yet"),
+    Rule("target_hardware", lambda v, _c: v in ("VNPU-S", "VNPU-M", "VNPU-L"),
+         "custom target profile files arrive with the NPU backend; use VNPU-S, VNPU-M or VNPU-L"),
     _at_default("onnx_opt.save_tensors_data"),
     Rule("quant.layer_configs[*].data_type", lambda v, _c: v in ("U8", "FP32"),
          "only U8 (quantized) and FP32 (kept float) are available yet; 16-bit and S8 come with mixed precision"),
