@@ -1,0 +1,1 @@
+"""Benchmark scripts that print figures (run as modules: python -m bench.<name>)."""

@@ -59,7 +59,6 @@ class Spec:
 
     name: str
     title: str
-    metric: str
     prepare: Callable[[dict[str, Path]], tuple[Path, dict]]  # assets -> (float model, pulsar config)
     calib: Callable[[dict[str, Path], Path], list[np.ndarray]]  # assets, model -> ORT calibration inputs
     eval_data: Callable[[int], tuple[list[np.ndarray], list]]  # n -> (inputs, labels)
@@ -74,6 +73,11 @@ def register(spec: Spec) -> Spec:
     return spec
 
 
+def _files(folder: Path, pattern: str) -> list[Path]:
+    """The calibration files make_example_assets wrote (exactly --n-calib of them)."""
+    return sorted(folder.glob(pattern))
+
+
 def _ocr_prepare(paths: dict[str, Path]) -> tuple[Path, dict]:
     name = onnx.load(str(paths["ocr_rec"]), load_external_data=False).graph.input[0].name
     config = {
@@ -85,7 +89,7 @@ def _ocr_prepare(paths: dict[str, Path]) -> tuple[Path, dict]:
                     "tensor_name": "DEFAULT",
                     "calibration_dataset": str(paths["ocr_calib"]),
                     "calibration_format": "Numpy",
-                    "calibration_size": N_CALIB,
+                    "calibration_size": len(_files(paths["ocr_calib"], "*.npy")),
                 }
             ],
         },
@@ -94,8 +98,7 @@ def _ocr_prepare(paths: dict[str, Path]) -> tuple[Path, dict]:
 
 
 def _ocr_calib(paths: dict[str, Path], _model: Path) -> list[np.ndarray]:
-    files = sorted(paths["ocr_calib"].glob("*.npy"))[:N_CALIB]
-    return [np.load(f, allow_pickle=False) for f in files]
+    return [np.load(f, allow_pickle=False) for f in _files(paths["ocr_calib"], "*.npy")]
 
 
 def _ocr_eval(n: int) -> tuple[list[np.ndarray], list]:
@@ -124,7 +127,7 @@ def _mbv2_prepare(paths: dict[str, Path]) -> tuple[Path, dict]:
                     "tensor_name": "DEFAULT",
                     "calibration_dataset": str(paths["imagenet_calib"]),
                     "calibration_format": "Image",
-                    "calibration_size": N_CALIB,
+                    "calibration_size": len(_files(paths["imagenet_calib"], "*.jpg")),
                     "calibration_mean": list(assets.IMAGENET_MEAN),
                     "calibration_std": list(assets.IMAGENET_STD),
                 }
@@ -144,7 +147,7 @@ def _mbv2_calib(paths: dict[str, Path], model: Path) -> list[np.ndarray]:
     h, w = dims[2], dims[3]
     mean, std = np.array(assets.IMAGENET_MEAN, np.float32), np.array(assets.IMAGENET_STD, np.float32)
     out = []
-    for jpg in sorted(paths["imagenet_calib"].glob("*.jpg"))[:N_CALIB]:
+    for jpg in _files(paths["imagenet_calib"], "*.jpg"):
         img = Image.open(jpg).convert("RGB")
         if img.size != (w, h):
             img = img.resize((w, h), Image.BILINEAR)
@@ -167,8 +170,8 @@ def _mbv2_score(outs: list[np.ndarray], _labels: list, ref: list[np.ndarray]) ->
     }
 
 
-register(Spec("ocr", "PP-OCRv4 recognizer", "exact", _ocr_prepare, _ocr_calib, _ocr_eval, _ocr_score))
-register(Spec("mbv2", "MobileNetV2", "top1_agree", _mbv2_prepare, _mbv2_calib, _mbv2_eval, _mbv2_score))
+register(Spec("ocr", "PP-OCRv4 recognizer", _ocr_prepare, _ocr_calib, _ocr_eval, _ocr_score))
+register(Spec("mbv2", "MobileNetV2", _mbv2_prepare, _mbv2_calib, _mbv2_eval, _mbv2_score))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -340,7 +343,7 @@ def bench_model(spec: Spec, paths: dict[str, Path], work: Path, args: argparse.N
     return rows
 
 
-def format_table(spec: Spec, rows: list[Row], eval_n: int) -> str:
+def format_table(spec: Spec, rows: list[Row], eval_n: int, n_calib: int) -> str:
     keys = list(rows[0].scores)
     head = ["method", *keys, "build s", "Session-ORT(float QDQ)", "Session-ORT(int)", "note"]
     body = [
@@ -354,7 +357,7 @@ def format_table(spec: Spec, rows: list[Row], eval_n: int) -> str:
         for r in rows
     ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
-    lines = [f"{spec.title} ({spec.name}), {eval_n} evaluation samples, {N_CALIB} calibration samples"]
+    lines = [f"{spec.title} ({spec.name}), {eval_n} evaluation samples, {n_calib} calibration samples"]
     for i, cells in enumerate([head, *body]):
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
         if i == 0:
@@ -372,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--eval-n", type=int, default=200, help="evaluation samples per model (>= 100 advised)"
     )
+    parser.add_argument("--n-calib", type=int, default=N_CALIB, help="calibration samples (both quantizers)")
     parser.add_argument("--pulsar-methods", type=_csv, default=list(PULSAR_METHODS))
     parser.add_argument("--ort-methods", type=_csv, default=list(ORT_METHODS))
     parser.add_argument(
@@ -392,18 +396,20 @@ def main(argv: list[str] | None = None) -> int:
     bad = [m for m in args.ort_methods if m not in ("MinMax", "Entropy", "Percentile", "Distribution")]
     if bad:
         parser.error(f"unknown onnxruntime method(s) {bad}")
+    if args.n_calib < 1 or args.eval_n < 1:
+        parser.error("--n-calib and --eval-n must be at least 1")
     if not args.qdq or set(args.qdq) - {"float", "int"}:
         parser.error("--qdq takes float, int or float,int")
 
     with tempfile.TemporaryDirectory(prefix="pulsar-bench-") as tmp:
         work = args.work_dir or Path(tmp)
-        paths = assets.make_example_assets(work / "assets", n_calib=N_CALIB)
+        paths = assets.make_example_assets(work / "assets", n_calib=args.n_calib)
         results = {}
         for name in args.models:
             spec = SPECS[name]
             print(f"== {spec.title}", file=sys.stderr, flush=True)
             rows = bench_model(spec, paths, work, args)
-            print(format_table(spec, rows, args.eval_n) + "\n", flush=True)
+            print(format_table(spec, rows, args.eval_n, args.n_calib) + "\n", flush=True)
             results[name] = [r.__dict__ for r in rows]
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -19,7 +19,7 @@ import math
 import shutil
 import tarfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -263,91 +263,74 @@ def mobilenet_v2_onnx(path: str | Path) -> Path:
     return path
 
 
-def _load_photo_sources() -> list[tuple[str, np.ndarray]]:
-    """Named RGB uint8 photos from installed packages; ones that need a download are skipped."""
+_SKIMAGE_PHOTOS = (
+    "astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
+    "camera", "coins", "moon", "brick", "grass", "gravel", "clock", "cell", "page",
+)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def _sklearn_images() -> tuple[np.ndarray, ...]:
+    from sklearn.datasets import load_sample_images
+
+    return tuple(load_sample_images().images)  # china, flower
+
+
+def _photo_loaders() -> dict[str, Callable[[], np.ndarray]]:
+    """Name -> loader for every photo an installed package ships (lazy: loading all takes seconds)."""
     from skimage import data
 
-    loaders = {
-        name: getattr(data, name)
-        for name in (
-            "astronaut",
-            "chelsea",
-            "coffee",
-            "rocket",
-            "hubble_deep_field",
-            "immunohistochemistry",
-            "retina",
-            "camera",
-            "coins",
-            "moon",
-            "brick",
-            "grass",
-            "gravel",
-            "clock",
-            "cell",
-            "page",
-        )
-        if hasattr(data, name)
-    }
-    loaders["motorcycle_left"] = lambda: data.stereo_motorcycle()[0]
-    loaders["motorcycle_right"] = lambda: data.stereo_motorcycle()[1]
-
-    def _sklearn(i: int):
-        from sklearn.datasets import load_sample_images
-
-        return load_sample_images().images[i]
-
-    def _hopper():
+    def _hopper() -> np.ndarray:
         from matplotlib import cbook
 
         return np.asarray(Image.open(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)))
 
-    loaders["china"], loaders["flower"], loaders["grace_hopper"] = (
-        lambda: _sklearn(0),
-        lambda: _sklearn(1),
-        _hopper,
-    )
-    photos = []
-    for name, load in loaders.items():
-        try:
-            photos.append((name, _as_hwc3(np.asarray(load()))))
-        except Exception as exc:  # data files that skimage would have to download
-            log.debug("photo %s unavailable: %s", name, exc)
-    if not photos:
-        raise RuntimeError("no sample photos available: install scikit-image, scikit-learn, matplotlib")
-    return photos
+    loaders: dict[str, Callable[[], np.ndarray]] = {
+        n: getattr(data, n) for n in _SKIMAGE_PHOTOS if hasattr(data, n)
+    }
+    loaders["motorcycle_left"] = lambda: data.stereo_motorcycle()[0]
+    loaders["motorcycle_right"] = lambda: data.stereo_motorcycle()[1]
+    loaders["china"] = lambda: _sklearn_images()[0]
+    loaders["flower"] = lambda: _sklearn_images()[1]
+    loaders["grace_hopper"] = _hopper
+    return loaders
 
 
-_photo_sources = functools.lru_cache(maxsize=1)(_load_photo_sources)
+@functools.cache
+def _try_load_photo(name: str) -> np.ndarray | None:
+    load = _photo_loaders().get(name)
+    if load is None:
+        return None
+    try:
+        img = _as_hwc3(np.asarray(load()))
+    except Exception as exc:  # data files that skimage would have to download, a missing package
+        log.debug("photo %s unavailable: %s", name, exc)
+        return None
+    img.setflags(write=False)  # cached and shared: callers must not modify it
+    return img
 
 
 # Photos of everyday objects (ImageNet-like content), as opposed to textures, microscopy and space.
 OBJECT_PHOTOS = (
-    "astronaut",
-    "chelsea",
-    "coffee",
-    "rocket",
-    "motorcycle_left",
-    "motorcycle_right",
-    "china",
-    "flower",
-    "grace_hopper",
-    "camera",
-    "clock",
-    "coins",
-)
+    "astronaut", "chelsea", "coffee", "rocket", "motorcycle_left", "motorcycle_right", "china", "flower",
+    "grace_hopper", "camera", "clock", "coins",
+)  # fmt: skip
 
 
 def photo_names() -> list[str]:
-    return [name for name, _ in _photo_sources()]
+    """Names of the photos available on this machine (some skimage ones need a download: skipped)."""
+    names = [name for name in _photo_loaders() if _try_load_photo(name) is not None]
+    if not names:
+        raise RuntimeError("no sample photos available: install scikit-image, scikit-learn, matplotlib")
+    return names
 
 
 def load_photo(name: str) -> np.ndarray:
-    """One source photo (RGB uint8), e.g. ``load_photo("chelsea")`` for the cat."""
-    for n, img in _photo_sources():
-        if n == name:
-            return img
-    raise KeyError(f"unknown photo {name!r}; available: {photo_names()}")
+    """One source photo (RGB uint8, read-only), e.g. ``load_photo("chelsea")`` for the cat."""
+    img = _try_load_photo(name)
+    if img is None:
+        raise KeyError(f"photo {name!r} is not available; available: {photo_names()}")
+    return img
 
 
 def _photo_part(img: np.ndarray, part: Part) -> np.ndarray:
@@ -370,7 +353,9 @@ def photo_crops(
     :data:`OBJECT_PHOTOS` for crops an ImageNet classifier is confident about.
     """
     rng = np.random.default_rng(seed)
-    wanted = photo_names() if photos is None else list(photos)
+    wanted = photo_names() if photos is None else [p for p in photos if _try_load_photo(p) is not None]
+    if not wanted:
+        raise ValueError(f"none of the photos {list(photos or [])} is available; available: {photo_names()}")
     sources = [_photo_part(load_photo(name), part) for name in wanted]
     crops = []
     for _ in range(n):

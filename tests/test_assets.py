@@ -44,11 +44,17 @@ def test_mobilenet_export_is_cached(mbv2_onnx):
     assert mbv2_onnx.stat().st_mtime_ns == before
 
 
-def test_mobilenet_export_replaces_a_broken_file(tmp_path):
+def test_mobilenet_cache_rejects_broken_or_foreign_files(tmp_path, mbv2_onnx):
+    """A truncated file or another model at the path is re-exported, not trusted."""
+    assert assets._valid_mobilenet_onnx(mbv2_onnx)
     bad = tmp_path / "m.onnx"
-    bad.write_bytes(b"not a model")
-    assets.mobilenet_v2_onnx(bad)
-    onnx.checker.check_model(onnx.load(str(bad)))
+    bad.write_bytes(mbv2_onnx.read_bytes()[:1000])
+    assert not assets._valid_mobilenet_onnx(bad)
+    x = onnx.helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, [1, 3, 8, 8])
+    y = onnx.helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, [1, 3, 8, 8])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["input"], ["output"])], "g", [x], [y])
+    onnx.save(onnx.helper.make_model(graph), str(bad))
+    assert not assets._valid_mobilenet_onnx(bad)
 
 
 def test_chelsea_is_a_cat(mbv2_onnx):
@@ -134,3 +140,38 @@ def test_make_example_assets(tmp_path, mbv2_onnx):
     arr = np.load(npys[0], allow_pickle=False)
     assert arr.shape == (1, 3, 48, 320) and arr.dtype == np.float32
     assert paths["ocr_rec"].read_bytes() == assets.ppocr_rec_model().read_bytes()
+
+
+def test_bench_quant_smoke(tmp_path, capsys, mbv2_onnx):
+    """The accuracy benchmark runs end to end on a tiny evaluation set (one method each side)."""
+    from bench import bench_quant
+
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "assets" / "mobilenetv2.onnx").write_bytes(mbv2_onnx.read_bytes())
+    out_json = tmp_path / "figures.json"
+    argv = [
+        "--models",
+        "mbv2",
+        "--eval-n",
+        "4",
+        "--n-calib",
+        "4",
+        "--pulsar-methods",
+        "MinMax",
+        "--ort-methods",
+        "MinMax",
+    ]
+    assert (
+        bench_quant.main([*argv, "--check-n", "1", "--work-dir", str(tmp_path), "--json", str(out_json)]) == 0
+    )
+    table = capsys.readouterr().out
+    assert "MobileNetV2" in table and "ORT MinMax" in table
+    import json
+
+    rows = {r["method"]: r for r in json.loads(out_json.read_text())["mbv2"]}
+    assert rows["float"]["scores"]["top1_agree@float"] == 1.0
+    assert 0.0 <= rows["ORT MinMax"]["scores"]["top1_agree@int"] <= 1.0
+    if bench_quant._pulsar_build() is not None:
+        pulsar_row = rows["pulsar MinMax"]
+        assert not pulsar_row["note"], pulsar_row["note"]
+        assert pulsar_row["session_diff"][0] < 1e-4  # Session reproduces the QDQ model run as float math

@@ -65,7 +65,9 @@ def make_plan(model: onnx.ModelProto, float_nodes: set[str] | frozenset[str] = f
     weight_names: set[str] = set()
 
     def add_act(name: str) -> None:
-        if name and name not in seen_act and name not in inits and types.get(name) == FLOAT:
+        # A fused producer output (Conv feeding its Relu / Clip) lives only inside the fused op.
+        if name and name not in seen_act and name not in inits and name not in plan.fused \
+                and types.get(name) == FLOAT:
             seen_act.add(name)
             plan.activations.append(name)
 

@@ -26,7 +26,8 @@ from pulsar.quant.observers.registry import GridSpec, register_method
 _COARSE = 128  # candidates in the coarse pass
 _TOP = 4  # best coarse candidates whose neighbourhoods are searched more finely
 _REFINE = 8  # each refinement pass divides the candidate spacing by this
-_MIN_LEVELS = 8  # fewer levels than this on a side: clipping it is pointless, keep its extreme
+_MIN_LEVELS = 8
+_MIN_PER_BIN = 16  # average values per bin the divergence needs to mean anything  # fewer levels than this on a side: clipping it is pointless, keep its extreme
 
 
 def _log0(v: np.ndarray) -> np.ndarray:
@@ -72,16 +73,32 @@ def kl_divergences(h: np.ndarray, cands: np.ndarray, levels: int) -> np.ndarray:
 
 
 def kl_threshold(h: np.ndarray, levels: int) -> int:
-    """Number of bins of ``h`` to keep (``h.size`` = no clipping): coarse-to-fine argmin of KL."""
+    """Number of bins of ``h`` to keep (``h.size`` = no clipping): coarse-to-fine argmin of KL.
+
+    Sparse histograms (small tensors, e.g. after global pooling: a few thousand values over
+    thousands of bins) are merged first to at least ``_MIN_PER_BIN`` values per bin on average;
+    empty bins between single values would otherwise read as a tail worth clipping. Too few values
+    for more bins than levels: nothing is clipped.
+    """
     n = h.size
     if n <= levels or levels < _MIN_LEVELS or h.sum() <= 0:
         return n
+    factor = math.ceil(n * _MIN_PER_BIN / h.sum())
+    if factor > 1:
+        if n // factor <= levels:
+            return n
+        return min(n, factor * _threshold(np.add.reduceat(h, np.arange(0, n, factor)), levels))
+    return _threshold(h, levels)
+
+
+def _threshold(h: np.ndarray, levels: int) -> int:
+    n = h.size
     cands = np.arange(levels, n + 1)
     stride = math.ceil(cands.size / _COARSE)
     cands = np.unique(np.append(cands[::stride], n))
     top = _TOP
     while True:
-        kl = kl_divergences(h, cands, levels)
+        kl = np.nan_to_num(kl_divergences(h, cands, levels), nan=np.inf)
         if stride == 1:
             return int(cands[int(np.argmin(kl))])
         best = cands[np.argsort(kl, kind="stable")[:top]]
