@@ -63,9 +63,11 @@ def test_ppocr_recognizer_all_methods(assets, ocr_eval, tmp_path_factory):
         figures[method] = _exact_match(lambda x, s=sess: s.run({in_name: x})[s.outputs[0].name], xs, texts, charset)
     print("\nPP-OCRv4 recognizer exact match on", EVAL_N, "rendered lines:", figures)
     assert float_acc >= 0.9
-    # A floor well below today's figures that still catches a broken method (KL once gave 0.0).
-    for method in ("MinMax", "Percentile", "MSE", "KL"):
-        assert figures[method] >= 0.5, figures
+    # Floors below today's figures (MinMax ~0.55, the others ~0.97-1.0) that still catch a broken method:
+    # KL once gave 0.0, and MinMax is known to lose on this model (onnxruntime's MinMax: ~0.6).
+    floors = {"MinMax": 0.4, "Percentile": 0.9, "MSE": 0.9, "KL": 0.9}
+    for method, floor in floors.items():
+        assert figures[method] >= floor, figures
 
 
 def test_mobilenet_v2_image_calibration(assets, tmp_path):
@@ -80,5 +82,5 @@ def test_mobilenet_v2_image_calibration(assets, tmp_path):
     sess = pulsar.Session(res.compiled_model)
     agree = np.mean([float_sess.run(None, {"input": x})[0].argmax() == sess.run({"input": x})["output"].argmax()
                      for x in xs])
-    print(f"\nMobileNetV2 top-1 agreement with float on {EVAL_N} crops: {agree:.3f}")
-    assert agree >= 0.7
+    print(f"\nMobileNetV2 (Percentile) top-1 agreement with float on {EVAL_N} crops: {agree:.3f}")
+    assert agree >= 0.7  # ~0.79 today; onnxruntime's best calibrator reaches ~0.75 on these crops
