@@ -132,3 +132,39 @@ def test_transformation_check_runs_on_calibration_samples(tmp_path, tiny, tiny_c
     assert "Model check" in log and "fold_batchnorm" in log
     ops = {n.op_type for n in onnx.load(res.optimized_model).graph.node}
     assert "BatchNormalization" not in ops and "Identity" not in ops
+
+
+def test_option_fields_act_as_named(tmp_path, tiny, tiny_config):
+    """conv_bias_data_type FP32, quant.check 1, onnxsim, compiler.input_sample_dir + check 2."""
+    samples = tmp_path / "samples"
+    for i in range(2):
+        (samples / f"s{i}").mkdir(parents=True)
+        np.save(samples / f"s{i}" / "image.npy", np.full((1, 3, 16, 16), 0.1 * i, np.float32))
+    res = pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {
+        "quant.conv_bias_data_type": "FP32", "quant.check": 1, "onnx_opt.enable_onnxsim": True,
+        "compiler.check": 2, "compiler.input_sample_dir": str(samples)}, quiet=True)
+    qjson = json.loads(res.quant_config.read_text())
+    assert not [t for t, v in qjson["tensors"].items() if v["kind"] == "bias"]
+    assert {"dw.b", "fc.b"} <= {t.name for t in onnx.load(res.quantized_model).graph.initializer}
+    log = (tmp_path / "out" / "build.log").read_text()
+    assert "quant check:" in log and "onnxslim" in log
+    assert log.count("all-equal") >= 1 and "FAIL" not in log
+
+
+def test_refine_weight_threshold_floors_tiny_weight_channels(tmp_path, tiny, tiny_config):
+    import onnx.numpy_helper as nh
+
+    model = onnx.load(tiny["model"])
+    w = next(t for t in model.graph.initializer if t.name == "c2.w")
+    arr = nh.to_array(w).copy()
+    arr[0] = 1e-9  # a dead output channel
+    w.CopyFrom(nh.from_array(arr, "c2.w"))
+    path = tmp_path / "dead.onnx"
+    onnx.save(model, path)
+    scales = {}
+    for thr in (1e-6, -1):
+        res = pulsar.build(path, tmp_path / f"out{thr}", tiny_config, {"quant.refine_weight_threshold": thr},
+                           quiet=True)
+        scales[thr] = json.loads(res.quant_config.read_text())["tensors"]["c2.w"]["scale"][0]
+    assert scales[1e-6] == pytest.approx(1e-6 / 127, rel=1e-3)
+    assert scales[-1] == pytest.approx(1e-9 / 127, rel=1e-3)
