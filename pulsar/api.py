@@ -64,7 +64,8 @@ def _run_stages(ctx: BuildContext, data: dict[str, Any], t0: float) -> BuildResu
 
     cfg_path = atomic_write_text(ctx.path("build_config.json"), json.dumps(data, indent=2) + "\n")
     ctx.artifacts["effective config"] = cfg_path
-    log.info("pulsar build: %s -> %s (config hash %s)", ctx.cfg.input, ctx.output_dir, ctx.config_hash)
+    log.info("pulsar build: %s -> %s for %s %s (config hash %s)", ctx.cfg.input, ctx.output_dir,
+             ctx.cfg.target_hardware, ctx.cfg.npu_mode, ctx.config_hash)
     st = ctx.stages
     with st.stage("load model"):
         original = load_and_check(ctx)

@@ -96,6 +96,7 @@ class Stages:
             self.times[name] = time.perf_counter() - t0
             log.info("%s done in %.2f s", name, self.times[name])
 
-    def progress(self, total: int, description: str) -> Progress:
+    def progress(self) -> Progress:
+        """A progress bar on the console (hidden with --quiet)."""
         return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, disable=self.quiet, transient=False)

@@ -121,7 +121,7 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
              len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),
              len(plan.float_nodes))
     data = ctx.calibration
-    with ctx.stages.progress(len(data), "calibration") as bar:
+    with ctx.stages.progress() as bar:
         task = bar.add_task(f"calibrating ({len(data)} samples)", total=len(data))
         stats = collect_statistics(model, plan.activations, data, progress=lambda n: bar.update(task, completed=n),
                                    cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, plan, data))
