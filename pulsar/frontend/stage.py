@@ -10,7 +10,8 @@ import onnx
 from pulsar.config.semantic import check_against_model
 from pulsar.context import BuildContext
 from pulsar.frontend.loader import load_model
-from pulsar.frontend.pass_manager import compare_models, op_histogram, optimize, simplify_with_onnxslim
+from pulsar.frontend.pass_manager import compare_models, optimize, simplify_with_onnxslim
+from pulsar.frontend.report import frontend_report_rows, summarize
 from pulsar.frontend.shapes import apply_input_shapes, infer_shapes, parse_input_shapes, require_static_inputs
 from pulsar.ui import show, table
 from pulsar.utils.atomic import atomic_write_bytes
@@ -35,7 +36,7 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
     samples = list(islice(iter(ctx.calibration), 2)) if ctx.calibration is not None else None
     ctx.check_samples = samples or []
     model = original
-    before = op_histogram(model)
+    before = summarize(model)
     if opt.enable_onnxsim:
         model = simplify_with_onnxslim(model)
         log.info("onnxslim: %d -> %d nodes", len(original.graph.node), len(model.graph.node))
@@ -43,10 +44,8 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
     if not opt.disable_onnx_optimization:
         model, records = optimize(model, check=not opt.disable_transformation_check, samples=samples)
     model = infer_shapes(model)
-    after = op_histogram(model)
-    rows = [(op, before.get(op, 0), after.get(op, 0)) for op in sorted(set(before) | set(after))]
-    rows.append(("total", sum(before.values()), sum(after.values())))
-    show(table("Graph optimization (op counts)", ["op type", "before", "after"], rows), quiet=ctx.quiet)
+    show(table("Frontend report", ["op type / total", "before", "after"], frontend_report_rows(before, summarize(model))),
+         quiet=ctx.quiet)
     changed = [r for r in records if r.changed_iterations]
     if changed:
         show(
