@@ -30,6 +30,7 @@ def check_against_model(cfg: Any, model: onnx.ModelProto, source: str = "config"
     nodes = [n.name for n in g.node]
     op_types = sorted({n.op_type for n in g.node})
     tensors = set(inputs) | {o for n in g.node for o in n.output} | inits
+    constants = inits | {n.output[0] for n in g.node if n.op_type == "Constant"}
     problems: list[str] = []
 
     def need(path: str, name: str, pool: list[str] | set[str], what: str, default_ok: bool = False) -> None:
@@ -59,7 +60,7 @@ def check_against_model(cfg: Any, model: onnx.ModelProto, source: str = "config"
     for i, p in enumerate(cfg.op_processors):
         need(f"op_processors[{i}].op_name", p.op_name, nodes, "a layer (node name)")
     for i, p in enumerate(cfg.const_processors):
-        need(f"const_processors[{i}].name", p.name, inits, "a constant")
+        need(f"const_processors[{i}].name", p.name, constants, "a constant")
     for i, sc in enumerate(cfg.compiler.sub_configs):
         for key in ("start_tensor_names", "end_tensor_names"):
             for t in _names_list(getattr(sc, key)):

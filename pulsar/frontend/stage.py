@@ -11,6 +11,7 @@ from pulsar.config.semantic import check_against_model
 from pulsar.context import BuildContext
 from pulsar.frontend.loader import load_model
 from pulsar.frontend.pass_manager import compare_models, optimize, simplify_with_onnxslim
+from pulsar.frontend.patch import apply_const_processors, apply_op_processors
 from pulsar.frontend.report import frontend_report_rows, summarize
 from pulsar.frontend.shapes import apply_input_shapes, infer_shapes, parse_input_shapes, require_static_inputs
 from pulsar.ui import show, table
@@ -28,6 +29,8 @@ def load_and_check(ctx: BuildContext) -> onnx.ModelProto:
         model = apply_input_shapes(model, shapes)
     require_static_inputs(model)
     check_against_model(cfg, model)
+    for line in apply_const_processors(model, cfg.const_processors) + apply_op_processors(model, cfg.op_processors):
+        log.info("patched %s", line)
     return infer_shapes(model)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 
 from pulsar.context import BuildContext
+from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
 from pulsar.quant.layer_configs import resolve_layer_dtypes, show_layer_config_table
@@ -129,6 +130,8 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     qmodel, params = export_qdq(model, plan, ranges, activation_dtype=ACTIVATION_DTYPE,
                                 bias_fp32=q.conv_bias_data_type == "FP32",
                                 refine_weight_threshold=q.refine_weight_threshold)
+    for line in apply_op_processors(qmodel, ctx.cfg.quant_op_processors, field="quant_op_processors"):
+        log.info("patched quantized graph: %s", line)
     if q.check >= 1:
         log.info("quant check: %d quantized tensors have the dtypes of their config", check_dtypes(qmodel, params))
     path = ctx.path("quant", "quantized.onnx")
