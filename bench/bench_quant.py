@@ -133,7 +133,8 @@ def _mbv2_prepare(paths: dict[str, Path]) -> tuple[Path, dict]:
                 }
             ],
         },
-        "input_processors": [{"tensor_name": "DEFAULT", "tensor_format": "RGB"}],
+        # mean / std []: Session is fed preprocessed tensors, so no normalization inside the compiled model
+        "input_processors": [{"tensor_name": "DEFAULT", "tensor_format": "RGB", "mean": [], "std": []}],
     }
     return paths["mobilenetv2"], config
 

@@ -18,7 +18,8 @@ from pulsar import __version__
 from pulsar.compiler.package import package_qdq_model
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
-from pulsar.runtime.io import read_inputs
+from pulsar.frontend.processors import attach_input_processors, attach_output_processors
+from pulsar.runtime.io import random_inputs, read_inputs
 from pulsar.runtime.session import Session, reference_session_options
 from pulsar.ui import show, table
 
@@ -33,10 +34,17 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (na * nb))
 
 
-def _check_samples(ctx: BuildContext, session: Session) -> list[dict[str, np.ndarray]]:
+def _check_samples(ctx: BuildContext, session: Session, qmodel: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+    """compiler.input_sample_dir (deployed format); else calibration samples when the compiled inputs
+    are the model's own, else seeded random deployed inputs (processors changed the inputs)."""
     sample_dir = ctx.cfg.compiler.input_sample_dir
     if not sample_dir:
-        return ctx.check_samples
+        own = [(i.name, tuple(d.dim_value for d in i.type.tensor_type.shape.dim), i.type.tensor_type.elem_type)
+               for i in qmodel.graph.input]
+        deployed = [(i.name, tuple(i.shape), onnx.helper.np_dtype_to_tensor_dtype(i.dtype)) for i in session.inputs]
+        if own == deployed:
+            return ctx.check_samples
+        return [random_inputs(session.inputs, seed=i) for i in range(2)]
     root = Path(sample_dir)
     if not root.is_dir():
         raise PulsarError(f"compiler.input_sample_dir: '{sample_dir}' is not a directory")
@@ -57,7 +65,7 @@ def check_compiled(ctx: BuildContext, compiled: Path, qmodel: onnx.ModelProto) -
     session = Session(compiled)
     ref = ort.InferenceSession(qmodel.SerializeToString(), reference_session_options(),
                                providers=["CPUExecutionProvider"])
-    samples = _check_samples(ctx, session)
+    samples = _check_samples(ctx, session, ctx.model)
     if not samples:
         raise PulsarError("compiler.check: no samples to check with; set compiler.input_sample_dir")
     name, ok = CHECKS[c.check]
@@ -80,6 +88,28 @@ def check_compiled(ctx: BuildContext, compiled: Path, qmodel: onnx.ModelProto) -
          quiet=ctx.quiet)
 
 
+def calibration_normalization(cfg: Any, model: onnx.ModelProto) -> dict[str, tuple[list[float], list[float]]]:
+    """input -> (calibration_mean, calibration_std): the defaults of input_processors' mean / std."""
+    out = {}
+    for vi in model.graph.input:
+        entries = [c for c in cfg.quant.input_configs if c.tensor_name == vi.name]
+        entries = entries or [c for c in cfg.quant.input_configs if c.tensor_name == "DEFAULT"]
+        if entries:
+            out[vi.name] = (list(entries[0].calibration_mean or []), list(entries[0].calibration_std or []))
+    return out
+
+
+def attach_processors(ctx: BuildContext, qmodel: onnx.ModelProto) -> onnx.ModelProto:
+    """Put input_processors in front of and output_processors behind the quantized graph, so the
+    compiled model takes the deployed input (the QDQ artifact keeps the model's own format)."""
+    cfg = ctx.cfg
+    model, lines = attach_input_processors(qmodel, cfg.input_processors, calibration_normalization(cfg, qmodel))
+    model, out_lines = attach_output_processors(model, cfg.output_processors)
+    for line in lines + out_lines:
+        log.info("processor: %s", line)
+    return model
+
+
 def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
     cfg = ctx.cfg
     meta: dict[str, Any] = {
@@ -90,8 +120,9 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
         "source_model": Path(cfg.input).name,
         "built_by": f"pulsar {__version__}",
     }
-    path = package_qdq_model(qmodel, ctx.path(cfg.output_name), meta)
+    deployed = attach_processors(ctx, qmodel)
+    path = package_qdq_model(deployed, ctx.path(cfg.output_name), meta)
     ctx.artifacts["compiled model"] = path
     if cfg.compiler.check:
-        check_compiled(ctx, path, qmodel)
+        check_compiled(ctx, path, deployed)
     return path

@@ -37,12 +37,7 @@ def _at_default(path: str, why: str = _NOT_YET) -> Rule:
     return Rule(path, lambda v, _c, d=default: v is None or v == d, why)
 
 
-def _same_or_unset(other: str, unset: tuple[Any, ...] = (None,)) -> Callable[[Any, dict[str, Any]], bool]:
-    return lambda v, item: v in unset or v == item.get(other)
-
-
 _FINETUNE = "only used by AdaRound / BRECQ / LSQ fine-tuning, which is not available yet"
-_PREPROC = "preprocessing inside the model (layout, dtype, color conversion, normalization, padding) is not available yet"
 
 RULES: list[Rule] = [
     Rule("model_type", lambda v, _c: v == "ONNX", "only float ONNX input (model_type ONNX) is available yet"),
@@ -76,17 +71,7 @@ RULES: list[Rule] = [
     _at_default("quant.finetune_batch_size", _FINETUNE),
     _at_default("quant.finetune_lr", _FINETUNE),
     _at_default("quant.device", _FINETUNE + "; calibration runs in onnxruntime on the CPU"),
-    Rule("input_processors[*].src_format", _same_or_unset("tensor_format", (None, "AutoColorSpace")), _PREPROC),
-    Rule("input_processors[*].src_layout", _same_or_unset("tensor_layout"), _PREPROC),
-    Rule("input_processors[*].src_dtype", lambda v, _c: v in (None, "FP32"), _PREPROC),
-    _at_default("input_processors[*].src_extra_shapes"),
-    _at_default("input_processors[*].csc_mode", _PREPROC),
-    _at_default("input_processors[*].csc_mat", _PREPROC),
-    _at_default("input_processors[*].mean", _PREPROC + "; calibration_mean / calibration_std normalize Image data"),
-    _at_default("input_processors[*].std", _PREPROC + "; calibration_mean / calibration_std normalize Image data"),
-    _at_default("input_processors[*].padding", _PREPROC),
-    _at_default("input_processors[*].padding_constant_value", _PREPROC),
-    _at_default("input_processors[*].slicing", _PREPROC),
+    _at_default("input_processors[*].src_extra_shapes", "extra input shapes arrive with multi-shape compilation"),
     _at_default("output_processors"),
     _at_default("compiler.static_batch_sizes", "multi-batch compilation is not available yet"),
     _at_default("compiler.max_dynamic_batch_size", "multi-batch compilation is not available yet"),
