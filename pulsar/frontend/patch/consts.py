@@ -18,7 +18,6 @@ import onnx
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from pulsar.errors import PulsarError, did_you_mean
-
 from pulsar.frontend.patch.common import all_graphs as _graphs
 
 log = logging.getLogger(__name__)
