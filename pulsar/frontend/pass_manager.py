@@ -17,7 +17,7 @@ import onnx
 
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.frontend.check import Sample, compare_models, compare_outputs, random_samples, run
-from pulsar.frontend.graph import subgraphs
+from pulsar.frontend.graph import DEFAULT_DOMAINS, subgraphs
 from pulsar.frontend.loader import name_nodes
 from pulsar.frontend.passes import DEFAULT_PASSES, PASSES
 from pulsar.frontend.shapes import infer_shapes
@@ -145,7 +145,13 @@ def optimize(
     else:
         log.warning("frontend passes still changed the graph after %d iterations; stopping", MAX_ITERATIONS)
 
-    del model.graph.value_info[:]  # annotations of removed / renamed tensors: re-infer from scratch
+    # Annotations of removed / renamed tensors: re-infer from scratch, except the outputs of ops in
+    # other domains (com.microsoft Gelu ...), which onnx's inference cannot type; their passes did.
+    g = model.graph
+    custom = {o for n in g.node if n.domain not in DEFAULT_DOMAINS for o in n.output}
+    keep = [vi for vi in g.value_info if vi.name in custom]
+    del g.value_info[:]
+    g.value_info.extend(keep)
     model = infer_shapes(model)
     for record in records.values():
         log.debug(

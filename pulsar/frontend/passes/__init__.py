@@ -9,19 +9,44 @@ from __future__ import annotations
 from pulsar.frontend.passes import (  # noqa: F401  (imported to register the passes)
     constant_to_initializer,
     eliminate_dead_nodes,
+    fold_affine_into_conv,
     fold_batchnorm,
     fold_constants,
+    fold_pad,
+    fuse_gelu,
+    fuse_hardsigmoid,
+    fuse_hardswish,
+    fuse_layernorm,
+    fuse_matmul_add,
+    fuse_silu,
+    fuse_softmax,
+    merge_transpose_reshape,
     remove_identity,
 )
 from pulsar.frontend.passes.registry import PASSES, Pass, register_pass
 
 # Constants first so folding sees them; folding before identity removal exposes same-shape Reshapes;
 # BN folding needs constant weights; dead-node elimination cleans up after all of them.
+# Layout-op merging right after identity removal (it leaves Identity ops for graph outputs);
+# affine folding after BN folding (both feed the same conv bias); MatMul+Add -> Gemm after it,
+# as the fixed point lets a later Mul still fold into that Gemm.
+# Activation / normalization fusions after all folding, so their constants are initializers;
+# HardSwish before HardSigmoid so that x * Relu6(x + 3) / 6 becomes one node, not two.
 DEFAULT_PASSES: list[str] = [
     "constant_to_initializer",
     "fold_constants",
     "remove_identity",
+    "merge_transpose_reshape",
     "fold_batchnorm",
+    "fold_affine_into_conv",
+    "fold_pad",
+    "fuse_matmul_add",
+    "fuse_layernorm",
+    "fuse_gelu",
+    "fuse_silu",
+    "fuse_hardswish",
+    "fuse_hardsigmoid",
+    "fuse_softmax",
     "eliminate_dead_nodes",
 ]
 
