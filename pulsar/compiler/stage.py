@@ -120,6 +120,13 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
         "source_model": Path(cfg.input).name,
         "built_by": f"pulsar {__version__}",
     }
+    extra = {p.tensor_name: [list(e.shape) for e in p.src_extra_shapes] for p in cfg.input_processors
+             if p.src_extra_shapes}
+    if extra:
+        # Recorded for the runtime / multi-shape compilation; this version compiles the main shape only.
+        meta["input_extra_shapes"] = extra
+        log.warning("src_extra_shapes recorded in the compiled model's metadata; only the main input shape is "
+                    "compiled by this version")
     deployed = attach_processors(ctx, qmodel)
     path = package_qdq_model(deployed, ctx.path(cfg.output_name), meta)
     ctx.artifacts["compiled model"] = path

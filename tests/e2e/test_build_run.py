@@ -168,3 +168,20 @@ def test_refine_weight_threshold_floors_tiny_weight_channels(tmp_path, tiny, tin
         scales[thr] = json.loads(res.quant_config.read_text())["tensors"]["c2.w"]["scale"][0]
     assert scales[1e-6] == pytest.approx(1e-6 / 127, rel=1e-3)
     assert scales[-1] == pytest.approx(1e-9 / 127, rel=1e-3)
+
+
+def test_processors_make_the_compiled_model_take_the_deployed_input(tmp_path, tiny, tiny_config):
+    """NHWC uint8 BGR in, mean / std inside; an U8 NHWC output; extra shapes recorded."""
+    tiny_config["quant"]["input_configs"][0].update({"calibration_mean": [10.0, 20.0, 30.0],
+                                                     "calibration_std": [50.0, 60.0, 70.0]})
+    tiny_config["input_processors"] = [{"tensor_name": "image", "tensor_format": "BGR", "src_format": "BGR",
+                                        "src_layout": "NHWC", "src_dtype": "U8",
+                                        "src_extra_shapes": [{"shape": [1, 32, 32, 3]}]}]
+    res = pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {"compiler.check": 2}, quiet=True)
+    sess = pulsar.Session(res.compiled_model)
+    assert sess.inputs[0].shape == (1, 16, 16, 3) and sess.inputs[0].dtype == np.uint8
+    assert sess.metadata["input_extra_shapes"] == {"image": [[1, 32, 32, 3]]}
+    raw = np.random.default_rng(3).integers(0, 256, (1, 16, 16, 3), dtype=np.uint8)
+    normalized = ((raw.astype(np.float32) - np.float32([10, 20, 30])) / np.float32([50, 60, 70])).transpose(0, 3, 1, 2)
+    want = _qdq_reference(res.quantized_model, {"image": np.ascontiguousarray(normalized)})["logits"]
+    np.testing.assert_allclose(sess.run({"image": raw})["logits"], want, atol=1e-5)
