@@ -32,7 +32,7 @@ from pulsar.frontend.graph import (
     tensor_names,
     unique_name,
 )
-from pulsar.frontend.passes.fold_batchnorm import _scale_conv, _scale_conv_transpose
+from pulsar.frontend.passes.fold_batchnorm import scale_conv, scale_conv_transpose
 from pulsar.frontend.passes.registry import register_pass
 
 log = logging.getLogger(__name__)
@@ -63,8 +63,8 @@ def _scale_gemm(node: onnx.NodeProto, w: np.ndarray, s: np.ndarray) -> np.ndarra
 
 # op_type -> (weight, per-channel scale) -> scaled weight
 _SCALE_WEIGHT: dict[str, Callable[[onnx.NodeProto, np.ndarray, np.ndarray], np.ndarray]] = {
-    "Conv": lambda node, w, s: _scale_conv(w, s, int(attr(node, "group", 1))),
-    "ConvTranspose": lambda node, w, s: _scale_conv_transpose(w, s, int(attr(node, "group", 1))),
+    "Conv": lambda node, w, s: scale_conv(w, s, int(attr(node, "group", 1))),
+    "ConvTranspose": lambda node, w, s: scale_conv_transpose(w, s, int(attr(node, "group", 1))),
     "Gemm": _scale_gemm,
 }
 

@@ -32,12 +32,12 @@ from pulsar.frontend.passes.registry import register_pass
 log = logging.getLogger(__name__)
 
 
-def _scale_conv(w: np.ndarray, s: np.ndarray, group: int) -> np.ndarray:
+def scale_conv(w: np.ndarray, s: np.ndarray, group: int) -> np.ndarray:
     # Conv weight is [M, C/g, k...]: output channels are axis 0 whatever the grouping.
     return w * s.reshape(-1, *([1] * (w.ndim - 1)))
 
 
-def _scale_conv_transpose(w: np.ndarray, s: np.ndarray, group: int) -> np.ndarray:
+def scale_conv_transpose(w: np.ndarray, s: np.ndarray, group: int) -> np.ndarray:
     # ConvTranspose weight is [C, M/g, k...]; output channel of (group j, column m) is j * M/g + m.
     c, m_per_group, *kernel = w.shape
     grouped = w.reshape(group, c // group, m_per_group, *kernel)
@@ -45,7 +45,7 @@ def _scale_conv_transpose(w: np.ndarray, s: np.ndarray, group: int) -> np.ndarra
     return (grouped * scale).reshape(w.shape)
 
 
-_SCALERS = {"Conv": _scale_conv, "ConvTranspose": _scale_conv_transpose}
+_SCALERS = {"Conv": scale_conv, "ConvTranspose": scale_conv_transpose}
 
 
 def _bn_params(
