@@ -50,10 +50,7 @@ RULES: list[Rule] = [
     _at_default("quant.layer_configs[*].weight_data_type", "per-layer weight precision is not available yet"),
     _at_default("quant.layer_configs[*].start_tensor_names", "subgraph selectors are not available yet; use "
                 "layer_name(s) or op_type(s)"),
-    _at_default("quant.precision_analysis"),
-    _at_default("quant.precision_analysis_method", "only used with quant.precision_analysis"),
-    _at_default("quant.precision_analysis_mode", "only used with quant.precision_analysis"),
-    _at_default("quant.input_sample_dir", "only used with quant.precision_analysis"),
+    _at_default("quant.precision_analysis_mode", "only the Reference mode is available until the NPU backend exists"),
     _at_default("quant.highest_mix_precision"),
     _at_default("quant.ln_scale_data_type"),
     _at_default("quant.enable_smooth_quant"),

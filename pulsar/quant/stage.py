@@ -6,19 +6,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
 from pulsar.context import BuildContext
+from pulsar.errors import PulsarError
 from pulsar.frontend.patch import apply_op_processors
+from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
 from pulsar.quant.layer_configs import resolve_layer_dtypes, show_layer_config_table
 from pulsar.quant.plan import QuantPlan, make_plan
 from pulsar.quant.qdq import export_qdq
 from pulsar.quant.scheme import TensorQuant
+from pulsar.runtime.io import read_inputs
+from pulsar.runtime.session import tensor_info
 from pulsar.ui import show, table
 from pulsar.utils.atomic import atomic_write_bytes, atomic_write_text
 
@@ -112,6 +118,37 @@ def check_dtypes(qmodel: onnx.ModelProto, params: dict[str, TensorQuant]) -> int
     return checked
 
 
+def _analysis_samples(ctx: BuildContext) -> Iterable[dict[str, np.ndarray]]:
+    """quant.input_sample_dir (one file per input tensor, or one sub-directory per sample, in the
+    model's own input format), else the calibration data."""
+    sample_dir = ctx.cfg.quant.input_sample_dir
+    if not sample_dir:
+        return ctx.calibration
+    root = Path(sample_dir)
+    if not root.is_dir():
+        raise PulsarError(f"quant.input_sample_dir: '{sample_dir}' is not a directory")
+    inits = {t.name for t in ctx.model.graph.initializer}
+    infos = [tensor_info(vi) for vi in ctx.model.graph.input if vi.name not in inits]
+    subdirs = sorted(p for p in root.iterdir() if p.is_dir())
+    return (read_inputs(d, infos) for d in (subdirs or [root]))
+
+
+def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str, Any]) -> None:
+    """quant.precision_analysis: per-layer cosine / MSE / SQNR of the QDQ model against the float one."""
+    method = ctx.cfg.quant.precision_analysis_method
+    rows = analyze(ctx.model, qmodel, _analysis_samples(ctx), method=method, quant_json=qjson)
+    title = f"Quant Precision Table [{method} Reference]"
+    show(precision_table(rows, title), quiet=ctx.quiet)
+    tpath, mpath = ctx.path("quant", "debug", "precision_analysis_table.txt"), ctx.path("quant", "debug",
+                                                                                       "precision_analysis.mmd")
+    write_table(rows, tpath, title=title)
+    write_mermaid(ctx.model, rows, mpath)
+    worst = ", ".join(f"{r.node} ({r.cosine:.4f})" for r in worst_rows(rows, 5))
+    log.info("precision analysis: lowest cosine %s", worst)
+    ctx.artifacts["precision analysis table"] = tpath
+    ctx.artifacts["precision analysis graph (mermaid)"] = mpath
+
+
 def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     q = ctx.cfg.quant
     model = ctx.model
@@ -137,7 +174,10 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     path = ctx.path("quant", "quantized.onnx")
     atomic_write_bytes(path, qmodel.SerializeToString())
     jpath = ctx.path("quant", "quant_config.json")
-    atomic_write_text(jpath, json.dumps(quant_json(ctx, qmodel, plan, params), indent=1))
+    qjson = quant_json(ctx, qmodel, plan, params)
+    atomic_write_text(jpath, json.dumps(qjson, indent=1))
+    if q.precision_analysis:
+        run_precision_analysis(ctx, qmodel, qjson)
     ctx.artifacts["quantized model (QDQ ONNX)"] = path
     ctx.artifacts["quant config (per tensor)"] = jpath
     return qmodel

@@ -185,3 +185,22 @@ def test_processors_make_the_compiled_model_take_the_deployed_input(tmp_path, ti
     normalized = ((raw.astype(np.float32) - np.float32([10, 20, 30])) / np.float32([50, 60, 70])).transpose(0, 3, 1, 2)
     want = _qdq_reference(res.quantized_model, {"image": np.ascontiguousarray(normalized)})["logits"]
     np.testing.assert_allclose(sess.run({"image": raw})["logits"], want, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["PerLayer", "EndToEnd"])
+def test_precision_analysis_writes_table_and_graph(tmp_path, tiny, tiny_config, method):
+    samples = tmp_path / "samples"
+    for i in range(2):
+        (samples / f"s{i}").mkdir(parents=True)
+        np.save(samples / f"s{i}" / "image.npy", np.random.default_rng(i).standard_normal((1, 3, 16, 16)).astype(np.float32))
+    pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {
+        "quant.precision_analysis": True, "quant.precision_analysis_method": method,
+        "quant.input_sample_dir": str(samples)}, quiet=True)
+    debug = tmp_path / "out" / "quant" / "debug"
+    table = (debug / "precision_analysis_table.txt").read_text()
+    assert f"[{method} Reference]" in table
+    for col in ("Operator", "Type", "Output Tensor", "Shape", "DType", "QDType", "Cosine", "MSE", "SQNR"):
+        assert col in table
+    assert "fc " in table and "Gemm" in table
+    assert (debug / "precision_analysis.mmd").read_text().startswith("flowchart")
+    assert "precision analysis: lowest cosine" in (tmp_path / "out" / "build.log").read_text()
