@@ -1,11 +1,13 @@
-"""``quant.layer_configs``: per-layer precision, resolved to one data type per node.
+"""``quant.layer_configs`` (and ``highest_mix_precision``): one precision per node.
 
-Priority when several entries match a node: a named layer beats an op type, which beats a
-subgraph range; within one kind the later entry wins (as in a config file read top to bottom).
+Priority when several entries select a node: a named layer beats an op type, which beats a
+subgraph range; within one kind the later entry wins (a config read top to bottom).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import onnx
@@ -13,6 +15,22 @@ import onnx
 from pulsar.ui import show, table
 
 DEFAULT_DTYPE = "U8"
+HIGHEST_DTYPE = "U16"
+
+
+@dataclass(frozen=True)
+class NodePrecision:
+    data_type: str = DEFAULT_DTYPE            # activations the node reads and writes
+    output_data_type: str | None = None       # its outputs, when they differ (e.g. FP32 out of a U8 Conv)
+    weight_data_type: str | None = None       # None: S8
+
+    @property
+    def output(self) -> str:
+        return self.output_data_type or self.data_type
+
+    @property
+    def weights(self) -> str:
+        return self.weight_data_type or "S8"
 
 
 def _names(value: Any) -> list[str]:
@@ -21,17 +39,53 @@ def _names(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-def resolve_layer_dtypes(layer_configs: Any, model: onnx.ModelProto) -> dict[str, str]:
-    """node name -> data_type for every node some entry selects (others use the default)."""
-    by_rank: dict[str, tuple[int, str]] = {}
+def subgraph_nodes(model: onnx.ModelProto, starts: list[str], ends: list[str]) -> set[str]:
+    """Nodes on a path from a start tensor to an end tensor (``DEFAULT`` on either side: open)."""
+    g = model.graph
+    if "DEFAULT" in starts and "DEFAULT" in ends:
+        return {n.name for n in g.node}
+    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    maker: dict[str, onnx.NodeProto] = {}
+    for n in g.node:
+        for i in n.input:
+            readers[i].append(n)
+        for o in n.output:
+            maker[o] = n
+    forward: set[str] = {n.name for n in g.node}
+    if "DEFAULT" not in starts:
+        forward, stack = set(), list(starts)
+        while stack:
+            for n in readers.get(stack.pop(), []):
+                if n.name not in forward:
+                    forward.add(n.name)
+                    stack.extend(n.output)
+    backward: set[str] = {n.name for n in g.node}
+    if "DEFAULT" not in ends:
+        backward, stack = set(), list(ends)
+        while stack:
+            n = maker.get(stack.pop())
+            if n is not None and n.name not in backward:
+                backward.add(n.name)
+                stack.extend(n.input)
+    return forward & backward
+
+
+def resolve_layer_precision(layer_configs: Any, model: onnx.ModelProto, *,
+                            highest_mix_precision: bool = False) -> dict[str, NodePrecision]:
+    """node name -> precision for every node (the default, or U16 with highest_mix_precision)."""
+    default = NodePrecision(HIGHEST_DTYPE, weight_data_type="S16") if highest_mix_precision else NodePrecision()
+    chosen: dict[str, tuple[int, NodePrecision]] = {}
     for lc in layer_configs:
         named = set(_names(lc.layer_name) + _names(lc.layer_names))
         ops = set(_names(lc.op_type) + _names(lc.op_types))
+        ranged = (subgraph_nodes(model, _names(lc.start_tensor_names), _names(lc.end_tensor_names))
+                  if lc.start_tensor_names is not None else set())
+        prec = NodePrecision(lc.data_type, lc.output_data_type, lc.weight_data_type)
         for n in model.graph.node:
-            rank = 2 if n.name in named else (1 if n.op_type in ops else -1)
-            if rank >= 0 and rank >= by_rank.get(n.name, (-1, ""))[0]:
-                by_rank[n.name] = (rank, lc.data_type)
-    return {name: dtype for name, (_, dtype) in by_rank.items()}
+            rank = 3 if n.name in named else 2 if n.op_type in ops else 1 if n.name in ranged else -1
+            if rank >= 0 and rank >= chosen.get(n.name, (-1, default))[0]:
+                chosen[n.name] = (rank, prec)
+    return {n.name: chosen.get(n.name, (0, default))[1] for n in model.graph.node}
 
 
 def show_layer_config_table(layer_configs: Any, quiet: bool) -> None:
@@ -40,5 +94,9 @@ def show_layer_config_table(layer_configs: Any, quiet: bool) -> None:
     rows = []
     for lc in layer_configs:
         sel = ", ".join(_names(lc.layer_name) + _names(lc.layer_names) + _names(lc.op_type) + _names(lc.op_types))
-        rows.append((sel, lc.data_type))
-    show(table("Layer Config Table", ["Op Type / Layer name", "Precision"], rows), quiet=quiet)
+        if lc.start_tensor_names is not None:
+            sel = f"{_names(lc.start_tensor_names)} -> {_names(lc.end_tensor_names)}"
+        extra = [f"out {lc.output_data_type}"] if lc.output_data_type else []
+        extra += [f"weights {lc.weight_data_type}"] if lc.weight_data_type else []
+        rows.append((sel, lc.data_type + (f" ({', '.join(extra)})" if extra else "")))
+    show(table("Layer Config Table", ["Op Type / Layer name / Subgraph", "Precision"], rows), quiet=quiet)

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from pulsar.quant.layer_configs import NodePrecision
 from pulsar.quant.ops import FUSED_ACTIVATIONS, QUANT_OPS
+from pulsar.quant.scheme import BITS
 
 FLOAT = onnx.TensorProto.FLOAT
 
@@ -18,6 +20,7 @@ class WeightUse:
     input_index: int
     tensor: str
     axis: int
+    dtype: str = "S8"
 
 
 @dataclass
@@ -37,6 +40,7 @@ class QuantPlan:
     fused: dict[str, str] = field(default_factory=dict)    # skipped producer output -> fused activation node
     quantized_nodes: list[str] = field(default_factory=list)
     float_nodes: list[str] = field(default_factory=list)   # ops this version runs in float
+    dtypes: dict[str, str] = field(default_factory=dict)   # activation / constant -> U8 | S8 | U16 | S16
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -46,11 +50,16 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def make_plan(model: onnx.ModelProto, float_nodes: set[str] | frozenset[str] = frozenset()) -> QuantPlan:
+def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None = None) -> QuantPlan:
     """Walk the (shape-inferred) float graph once and classify every tensor.
 
-    ``float_nodes`` are kept in float (``layer_configs`` data_type FP32) whatever their op type.
+    ``precision`` (from ``layer_configs``) gives each node its activation / output / weight dtype;
+    FP32 nodes stay float whatever their op type. A tensor takes its producer's output dtype; a
+    tensor no quantized node produces (a graph input, a float op's output) takes the widest dtype
+    its quantized readers ask for.
     """
+    precision = precision or {}
+    default = NodePrecision()
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     types = _elem_types(model)
@@ -60,19 +69,25 @@ def make_plan(model: onnx.ModelProto, float_nodes: set[str] | frozenset[str] = f
             consumers[i].append(n)
     graph_outputs = {o.name for o in g.output}
     plan = QuantPlan()
-    seen_act: set[str] = set()
+    produced: set[str] = set()   # activations whose dtype their (quantized) producer fixed
     seen_const: set[str] = set()
     weight_names: set[str] = set()
 
-    def add_act(name: str) -> None:
+    def add_act(name: str, dtype: str, *, producer: bool) -> None:
         # A fused producer output (Conv feeding its Relu / Clip) lives only inside the fused op.
-        if name and name not in seen_act and name not in inits and name not in plan.fused \
-                and types.get(name) == FLOAT:
-            seen_act.add(name)
+        if not name or name in inits or name in plan.fused or types.get(name) != FLOAT or dtype == "FP32":
+            return
+        if name not in plan.dtypes:
             plan.activations.append(name)
+            plan.dtypes[name] = dtype
+        elif name not in produced and BITS[dtype] > BITS[plan.dtypes[name]]:
+            plan.dtypes[name] = dtype
+        if producer:
+            produced.add(name)
 
     for node in g.node:
-        rule = QUANT_OPS.get(node.op_type) if node.name not in float_nodes else None
+        prec = precision.get(node.name, default)
+        rule = QUANT_OPS.get(node.op_type) if prec.data_type != "FP32" else None
         if rule is None:
             plan.float_nodes.append(node.name)
             continue
@@ -85,26 +100,29 @@ def make_plan(model: onnx.ModelProto, float_nodes: set[str] | frozenset[str] = f
             if name in inits:
                 if inits[name].data_type != FLOAT:
                     continue
-                if i in rule.weights and name not in weight_names:
-                    axis = rule.weights[i](node, len(inits[name].dims))
-                    plan.weights.append(WeightUse(node.name, i, name, axis))
-                    weight_names.add(name)
+                if i in rule.weights:
+                    if name not in weight_names and prec.weights != "FP32":
+                        axis = rule.weights[i](node, len(inits[name].dims))
+                        plan.weights.append(WeightUse(node.name, i, name, axis, prec.weights))
+                        weight_names.add(name)
                 elif i == rule.bias:
                     act, w = node.input[rule.bias_of[0]], node.input[rule.bias_of[1]]
                     if act not in inits and w in weight_names:
                         plan.biases.append(BiasUse(node.name, name, act, w))
-                elif i not in rule.weights and name not in seen_const:
+                elif name not in seen_const:
                     seen_const.add(name)
                     plan.constants.append(name)
+                    plan.dtypes[name] = "S16" if BITS[prec.data_type] == 16 else "S8"
             else:
-                add_act(name)
+                add_act(name, prec.data_type, producer=False)
         for out in node.output:
             users = consumers.get(out, [])
             if (rule.fusable_activation and out not in graph_outputs and len(users) == 1
-                    and users[0].op_type in FUSED_ACTIVATIONS):
+                    and users[0].op_type in FUSED_ACTIVATIONS
+                    and precision.get(users[0].name, default).data_type != "FP32"):
                 plan.fused[out] = users[0].name
                 continue
-            add_act(out)
+            add_act(out, prec.output, producer=True)
     # A constant may be both a weight somewhere and an operand elsewhere: keep it a weight only.
     plan.constants = [c for c in plan.constants if c not in weight_names]
     plan.biases = [b for b in plan.biases if b.tensor not in weight_names and b.tensor not in seen_const]

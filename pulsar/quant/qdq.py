@@ -15,39 +15,51 @@ import onnx
 from onnx import helper, numpy_helper
 
 from pulsar.quant.plan import QuantPlan
-from pulsar.quant.scheme import TensorQuant, activation_quant, bias_quant, weight_quant
+from pulsar.quant.scheme import BITS, TensorQuant, activation_quant, bias_quant, weight_quant
 
 
 def _init(g: onnx.GraphProto, name: str, arr: np.ndarray) -> None:
     g.initializer.append(numpy_helper.from_array(np.asarray(arr), name))
 
 
+# opset 17's QuantizeLinear / DequantizeLinear take 8-bit types only; onnxruntime's contrib ops of the
+# same name take 16-bit ones too (the standard ops gain them in opset 21).
+WIDE_DOMAIN = "com.microsoft"
+
+
+def _qdq_domain(tq: TensorQuant) -> str:
+    return WIDE_DOMAIN if BITS[tq.dtype] == 16 else ""
+
+
 def _qdq_nodes(g: onnx.GraphProto, src: str, dst: str, tq: TensorQuant, *, quantize: bool = True) -> None:
     """src (float) -> QuantizeLinear -> DequantizeLinear -> dst; weights skip the Q (already int)."""
+    domain = _qdq_domain(tq)
     _init(g, f"{tq.name}/scale", np.asarray(tq.scale, dtype=np.float32))
     _init(g, f"{tq.name}/zero_point", np.asarray(tq.zero_point, dtype=tq.np_dtype))
     axis = [helper.make_attribute("axis", tq.axis)] if tq.axis is not None else []
     q_out = f"{tq.name}/q"
     if quantize:
         qn = helper.make_node("QuantizeLinear", [src, f"{tq.name}/scale", f"{tq.name}/zero_point"], [q_out],
-                              name=f"{tq.name}/QuantizeLinear")
+                              name=f"{tq.name}/QuantizeLinear", domain=domain)
         qn.attribute.extend(axis)
         g.node.append(qn)
     dq = helper.make_node("DequantizeLinear", [q_out if quantize else src, f"{tq.name}/scale",
-                                               f"{tq.name}/zero_point"], [dst], name=f"{tq.name}/DequantizeLinear")
+                                               f"{tq.name}/zero_point"], [dst], name=f"{tq.name}/DequantizeLinear",
+                          domain=domain)
     dq.attribute.extend(axis)
     g.node.append(dq)
 
 
-def constant_quant(name: str, arr: np.ndarray, refine_threshold: float) -> tuple[TensorQuant, np.ndarray]:
+def constant_quant(name: str, arr: np.ndarray, refine_threshold: float,
+                   dtype: str = "S8") -> tuple[TensorQuant, np.ndarray]:
     """Constant operands of element-wise ops (LayerNorm gamma / beta, scales): S8 symmetric, per
     channel when the constant varies along a single axis (a per-channel vector broadcast over the
     rest), so a small channel is not rounded to zero by a large one."""
     varying = [i for i, d in enumerate(arr.shape) if d > 1]
     if len(varying) == 1:
-        tq, q = weight_quant(name, arr, varying[0], refine_threshold=refine_threshold)
+        tq, q = weight_quant(name, arr, varying[0], dtype, refine_threshold=refine_threshold)
     else:
-        tq, q = weight_quant(name, arr.reshape(1, -1), 0, refine_threshold=refine_threshold)
+        tq, q = weight_quant(name, arr.reshape(1, -1), 0, dtype, refine_threshold=refine_threshold)
         tq.axis, tq.scale, tq.zero_point = None, tq.scale.reshape(()), tq.zero_point.reshape(())
         q = q.reshape(arr.shape)
     tq.kind = "constant"
@@ -88,7 +100,7 @@ def topological_sort(g: onnx.GraphProto) -> None:
 
 
 def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[float, float]], *,
-               activation_dtype: str = "U8", bias_fp32: bool = False,
+               bias_fp32: bool = False,
                refine_weight_threshold: float = 1e-6) -> tuple[onnx.ModelProto, dict[str, TensorQuant]]:
     """Return the QDQ model and the quantization parameters of every quantized tensor."""
     qmodel = onnx.ModelProto()
@@ -104,21 +116,21 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[
 
     for w in plan.weights:
         arr = take_initializer(w.tensor)
-        tq, q = weight_quant(w.tensor, arr, w.axis, refine_threshold=refine_weight_threshold)
+        tq, q = weight_quant(w.tensor, arr, w.axis, w.dtype, refine_threshold=refine_weight_threshold)
         _init(g, f"{w.tensor}/q", q)
         _qdq_nodes(g, f"{w.tensor}/q", w.tensor, tq, quantize=False)
         params[w.tensor] = tq
 
     for name in plan.constants:
         arr = take_initializer(name)
-        tq, q = constant_quant(name, arr, refine_weight_threshold)
+        tq, q = constant_quant(name, arr, refine_weight_threshold, plan.dtypes.get(name, "S8"))
         _init(g, f"{name}/q", q)
         _qdq_nodes(g, f"{name}/q", name, tq, quantize=False)
         params[name] = tq
 
     for name in plan.activations:
         lo, hi = ranges[name]
-        params[name] = activation_quant(name, lo, hi, activation_dtype)
+        params[name] = activation_quant(name, lo, hi, plan.dtypes[name])
 
     for b in plan.biases:
         act, w = params.get(b.activation), params.get(b.weight)
@@ -148,4 +160,6 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[
             n.output[k] = f"{name}/float"
             _qdq_nodes(g, f"{name}/float", name, tq)
     topological_sort(g)
+    if any(n.domain == WIDE_DOMAIN for n in g.node) and not any(o.domain == WIDE_DOMAIN for o in qmodel.opset_import):
+        qmodel.opset_import.append(helper.make_opsetid(WIDE_DOMAIN, 1))
     return qmodel, params

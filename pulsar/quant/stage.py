@@ -19,10 +19,15 @@ from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
-from pulsar.quant.layer_configs import resolve_layer_dtypes, show_layer_config_table
+from pulsar.quant.layer_configs import (
+    DEFAULT_DTYPE,
+    HIGHEST_DTYPE,
+    resolve_layer_precision,
+    show_layer_config_table,
+)
 from pulsar.quant.plan import QuantPlan, make_plan
 from pulsar.quant.qdq import export_qdq
-from pulsar.quant.scheme import TensorQuant
+from pulsar.quant.scheme import BITS, DTYPES, TensorQuant
 from pulsar.runtime.io import read_inputs
 from pulsar.runtime.session import tensor_info
 from pulsar.ui import show, table
@@ -31,7 +36,6 @@ from pulsar.utils.atomic import atomic_write_bytes, atomic_write_text
 log = logging.getLogger(__name__)
 
 QUANT_JSON_VERSION = 1
-ACTIVATION_DTYPE = "U8"
 
 
 def _processor_for(cfg: Any, name: str) -> Any:
@@ -89,7 +93,7 @@ def quant_json(ctx: BuildContext, qmodel: onnx.ModelProto, plan: QuantPlan,
     return {
         "version": QUANT_JSON_VERSION,
         "calibration_method": ctx.cfg.quant.calibration_method,
-        "activation_dtype": ACTIVATION_DTYPE,
+        "activation_dtype": HIGHEST_DTYPE if ctx.cfg.quant.highest_mix_precision else DEFAULT_DTYPE,
         "conventions": "real = (q - zero_point) * scale; q clipped to [quant_min, quant_max]",
         "tensors": {name: tq.to_json() for name, tq in params.items()},
         "nodes": nodes,
@@ -149,12 +153,22 @@ def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: di
     ctx.artifacts["precision analysis graph (mermaid)"] = mpath
 
 
+def activation_ranges(stats: dict[str, Any], plan: QuantPlan, method: str) -> dict[str, tuple[float, float]]:
+    """Ranges per activation, chosen for the grid its dtype gives (8 / 16 bits, signed ones symmetric)."""
+    ranges: dict[str, tuple[float, float]] = {}
+    for dtype in sorted({plan.dtypes[a] for a in plan.activations}):
+        names = {a: stats[a] for a in plan.activations if plan.dtypes[a] == dtype}
+        signed = DTYPES[dtype][2]
+        ranges.update(compute_ranges(names, method, num_bits=BITS[dtype], signed=signed, symmetric=signed))
+    return ranges
+
+
 def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     q = ctx.cfg.quant
     model = ctx.model
     show_layer_config_table(q.layer_configs, ctx.quiet)
-    dtypes = resolve_layer_dtypes(q.layer_configs, model)
-    plan = make_plan(model, {name for name, dt in dtypes.items() if dt == "FP32"})
+    plan = make_plan(model, resolve_layer_precision(q.layer_configs, model,
+                                                    highest_mix_precision=q.highest_mix_precision))
     log.info("quantizing %d ops (%d activations, %d weights, %d biases); %d ops stay float",
              len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),
              len(plan.float_nodes))
@@ -163,9 +177,8 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
         task = bar.add_task(f"calibrating ({len(data)} samples)", total=len(data))
         stats = collect_statistics(model, plan.activations, data, progress=lambda n: bar.update(task, completed=n),
                                    cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, plan, data))
-    ranges = compute_ranges(stats, q.calibration_method, num_bits=8, signed=False)
-    qmodel, params = export_qdq(model, plan, ranges, activation_dtype=ACTIVATION_DTYPE,
-                                bias_fp32=q.conv_bias_data_type == "FP32",
+    ranges = activation_ranges(stats, plan, q.calibration_method)
+    qmodel, params = export_qdq(model, plan, ranges, bias_fp32=q.conv_bias_data_type == "FP32",
                                 refine_weight_threshold=q.refine_weight_threshold)
     for line in apply_op_processors(qmodel, ctx.cfg.quant_op_processors, field="quant_op_processors"):
         log.info("patched quantized graph: %s", line)

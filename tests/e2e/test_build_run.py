@@ -126,6 +126,51 @@ def test_fp32_layer_config_keeps_the_layer_float(tmp_path, tiny, tiny_config):
     assert "Layer Config Table" in (tmp_path / "out" / "build.log").read_text()
 
 
+def _dtypes(res) -> dict[str, str]:
+    return {k: v["dtype"] for k, v in json.loads(res.quant_config.read_text())["tensors"].items()}
+
+
+@pytest.mark.parametrize("layer_configs,highest,expect", [
+    # a named layer beats its op type; a tensor takes its producer's output dtype
+    ([{"op_type": "Conv", "data_type": "S16", "weight_data_type": "S16"},
+      {"layer_name": "conv2", "data_type": "U8"}],
+     False, {"image": "S16", "c2": "U8", "dw.w": "S16", "c2.w": "S8", "fc.w": "S8", "r1": "U8"}),
+    # a subgraph between two tensors
+    ([{"start_tensor_names": ["r1"], "end_tensor_names": ["res"], "data_type": "U16"}],
+     False, {"r2": "U16", "c2": "U16", "res": "U16", "r1": "U8", "gap": "U8"}),
+    # FP32 output and weights of one layer; everything else 16 bits
+    ([{"op_type": "Gemm", "data_type": "U8", "output_data_type": "FP32", "weight_data_type": "FP32"}],
+     True, {"image": "U16", "res": "U16", "gap": "U16"}),
+])
+def test_mixed_precision(tmp_path, tiny, tiny_config, layer_configs, highest, expect):
+    tiny_config["quant"]["layer_configs"] = layer_configs
+    res = pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {
+        "quant.highest_mix_precision": highest, "compiler.check": 2, "quant.check": 1}, quiet=True)
+    got = _dtypes(res)
+    assert {k: got.get(k) for k in expect} == expect
+    if highest:
+        assert "logits" not in got and "fc.w" not in got and "fc.b" not in got
+    # 16-bit tensors use onnxruntime's wide QuantizeLinear / DequantizeLinear; the model runs and stays close.
+    qmodel = onnx.load(res.quantized_model)
+    wide = {n.output[0] for n in qmodel.graph.node if n.domain == "com.microsoft"}
+    assert bool(wide) == any(v.endswith("16") for v in got.values())
+    x = np.load(sorted(Path(tiny["calib"]).glob("*.npy"))[0])
+    want = ort.InferenceSession(str(tiny["model"])).run(None, {"image": x})[0]
+    out = pulsar.Session(res.compiled_model).run({"image": x})["logits"]
+    assert float((want * out).sum() / np.linalg.norm(want) / np.linalg.norm(out)) > 0.999
+
+
+def test_sixteen_bits_beat_eight_on_error(tmp_path, tiny, tiny_config):
+    x = np.load(sorted(Path(tiny["calib"]).glob("*.npy"))[1])
+    want = ort.InferenceSession(str(tiny["model"])).run(None, {"image": x})[0]
+    errs = {}
+    for highest in (False, True):
+        res = pulsar.build(tiny["model"], tmp_path / f"o{highest}", tiny_config,
+                           {"quant.highest_mix_precision": highest}, quiet=True)
+        errs[highest] = float(np.abs(pulsar.Session(res.compiled_model).run({"image": x})["logits"] - want).max())
+    assert errs[True] < errs[False] / 4, errs
+
+
 def test_transformation_check_runs_on_calibration_samples(tmp_path, tiny, tiny_config):
     res = pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {"onnx_opt.model_check": True}, quiet=True)
     log = (tmp_path / "out" / "build.log").read_text()
