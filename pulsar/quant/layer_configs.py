@@ -23,6 +23,7 @@ class NodePrecision:
     data_type: str = DEFAULT_DTYPE            # activations the node reads and writes
     output_data_type: str | None = None       # its outputs, when they differ (e.g. FP32 out of a U8 Conv)
     weight_data_type: str | None = None       # None: S8
+    explicit: bool = False                    # chosen by a layer_configs entry (moves manual ops)
 
     @property
     def output(self) -> str:
@@ -80,7 +81,7 @@ def resolve_layer_precision(layer_configs: Any, model: onnx.ModelProto, *,
         ops = set(_names(lc.op_type) + _names(lc.op_types))
         ranged = (subgraph_nodes(model, _names(lc.start_tensor_names), _names(lc.end_tensor_names))
                   if lc.start_tensor_names is not None else set())
-        prec = NodePrecision(lc.data_type, lc.output_data_type, lc.weight_data_type)
+        prec = NodePrecision(lc.data_type, lc.output_data_type, lc.weight_data_type, explicit=True)
         for n in model.graph.node:
             rank = 3 if n.name in named else 2 if n.op_type in ops else 1 if n.name in ranged else -1
             if rank >= 0 and rank >= chosen.get(n.name, (-1, default))[0]:

@@ -21,6 +21,7 @@ class OpRule:
     bias: int | None = None          # input index of a bias whose scale is in_scale * w_scale
     bias_of: tuple[int, int] = (0, 1)  # (activation input, weight input) that define the bias scale
     fusable_activation: bool = False  # a following Relu / Clip is fused: only its output is quantized
+    passive: bool = False  # moves / selects data only: its outputs share input 0's scale (OVERLAPPED)
     data_inputs: tuple[int, ...] | None = (0,)  # inputs carrying tensor data (None: all); the rest
     # (Resize scales, Clip bounds, PRelu slope ...) stay as they are
 
@@ -48,8 +49,18 @@ register("MatMul", OpRule(weights={1: lambda n, r: r - 1}, fusable_activation=Tr
 register(("Add", "Sub", "Mul"), OpRule(fusable_activation=True, data_inputs=None))
 register("Concat", OpRule(data_inputs=None))
 register(("Relu", "Clip", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu",
-          "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Resize",
-          "DepthToSpace", "SpaceToDepth"), OpRule())
+          "AveragePool", "GlobalAveragePool", "Resize"), OpRule())
+# Passive ops: no arithmetic, so they need no requantization; they run on the NPU next to quantized
+# neighbours and on the CPU next to float ones.
+register(("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Pad", "MaxPool",
+          "GlobalMaxPool", "DepthToSpace", "SpaceToDepth", "Identity"), OpRule(passive=True))
+
+# Manual ops: the NPU can run them, but at 8 bits they usually cost accuracy (exponentials,
+# normalizations, divisions), so they stay on the CPU in float unless a layer_configs entry selects
+# them with a quantized data_type. Only the data input and the outputs are quantized then.
+MANUAL_OPS: dict[str, OpRule] = {op: OpRule() for op in (
+    "Softmax", "LayerNormalization", "Gelu", "FastGelu", "Exp", "Log", "Sqrt", "Reciprocal", "Erf",
+    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Div", "Pow", "InstanceNormalization")}
 
 # Activations an NPU computes inside the producing op's requantization step.
 FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})

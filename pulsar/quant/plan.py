@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from pulsar.quant.layer_configs import NodePrecision
-from pulsar.quant.ops import FUSED_ACTIVATIONS, QUANT_OPS
+from pulsar.quant.ops import FUSED_ACTIVATIONS, MANUAL_OPS, QUANT_OPS, OpRule
 from pulsar.quant.scheme import BITS
 
 FLOAT = onnx.TensorProto.FLOAT
@@ -41,6 +41,14 @@ class QuantPlan:
     quantized_nodes: list[str] = field(default_factory=list)
     float_nodes: list[str] = field(default_factory=list)   # ops this version runs in float
     dtypes: dict[str, str] = field(default_factory=dict)   # activation / constant -> U8 | S8 | U16 | S16
+    shared: dict[str, str] = field(default_factory=dict)   # passive op output -> tensor whose scale it shares
+    placement: dict[str, tuple[str, str]] = field(default_factory=dict)  # node -> (NPU | CPU, why)
+
+    def dominator(self, name: str) -> str:
+        """The tensor whose scale ``name`` shares (itself when it has its own)."""
+        while name in self.shared:
+            name = self.shared[name]
+        return name
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -48,6 +56,27 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     types = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]}
     types.update({t.name: t.data_type for t in g.initializer})
     return types
+
+
+def _rule_for(node: onnx.NodeProto, prec: NodePrecision, plan: QuantPlan,
+              inits: dict[str, onnx.TensorProto]) -> tuple[OpRule | None, str]:
+    """Active / passive / manual placement (the Horizon classification): the rule to quantize the
+    node with, or None to keep it on the CPU in float, and why."""
+    if prec.data_type == "FP32":
+        return None, "layer_configs data_type FP32"
+    rule = QUANT_OPS.get(node.op_type)
+    if rule is not None and rule.passive:
+        if node.input and node.input[0] in plan.dtypes:
+            return rule, "passive: follows its quantized input, shares its scale"
+        return None, "passive op whose input comes from a CPU op or a constant; it follows its neighbours"
+    if rule is not None:
+        return rule, "active"
+    if node.op_type in MANUAL_OPS:
+        if prec.explicit:
+            return MANUAL_OPS[node.op_type], f"manual op moved to the NPU by layer_configs ({prec.data_type})"
+        return None, (f"manual op: kept in float on the CPU for accuracy; to quantize it add a layer_configs "
+                      f'entry {{"op_type": "{node.op_type}", "data_type": "U16"}}')
+    return None, "not supported by the NPU: runs on the CPU"
 
 
 def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None = None) -> QuantPlan:
@@ -87,11 +116,20 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
 
     for node in g.node:
         prec = precision.get(node.name, default)
-        rule = QUANT_OPS.get(node.op_type) if prec.data_type != "FP32" else None
+        rule, why = _rule_for(node, prec, plan, inits)
         if rule is None:
             plan.float_nodes.append(node.name)
+            plan.placement[node.name] = ("CPU", why)
             continue
         plan.quantized_nodes.append(node.name)
+        plan.placement[node.name] = ("NPU", why)
+        if rule.passive:
+            src = node.input[0]
+            for out in node.output:
+                add_act(out, plan.dtypes[src], producer=True)
+                if out in plan.dtypes and plan.dtypes[out] == plan.dtypes[src]:
+                    plan.shared[out] = src
+            continue
         data_idx = range(len(node.input)) if rule.data_inputs is None else rule.data_inputs
         for i in data_idx:
             if i >= len(node.input) or not node.input[i]:

@@ -131,6 +131,8 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[
     for name in plan.activations:
         lo, hi = ranges[name]
         params[name] = activation_quant(name, lo, hi, plan.dtypes[name])
+        if name in plan.shared:
+            params[name].state, params[name].dominator = "OVERLAPPED", plan.dominator(name)
 
     for b in plan.biases:
         act, w = params.get(b.activation), params.get(b.weight)

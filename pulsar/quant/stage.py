@@ -76,10 +76,21 @@ def open_calibration(ctx: BuildContext, model: onnx.ModelProto) -> CalibrationDa
     return data
 
 
-def _cache_key(model: onnx.ModelProto, plan: QuantPlan, data: CalibrationData) -> str:
+def calibration_tensors(model: onnx.ModelProto) -> list[str]:
+    """Every float activation, quantized or not in this build: statistics then do not depend on the
+    method or the mixed-precision setting, so the cache serves every later build of this model + data."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    floats = {v.name for v in [*g.input, *g.output, *g.value_info]
+              if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    names = [i.name for i in g.input if i.name not in inits]
+    names += [o for n in g.node for o in n.output if o]
+    return [n for n in names if n in floats]
+
+
+def _cache_key(model: onnx.ModelProto, data: CalibrationData) -> str:
     h = hashlib.sha256(model.SerializeToString())
     h.update(data.fingerprint().encode())
-    h.update("\n".join(plan.activations).encode())
     return h.hexdigest()[:24]
 
 
@@ -88,7 +99,7 @@ def quant_json(ctx: BuildContext, qmodel: onnx.ModelProto, plan: QuantPlan,
     nodes = {}
     for n in ctx.model.graph.node:
         nodes[n.name] = {"op_type": n.op_type, "inputs": list(n.input), "outputs": list(n.output),
-                         "placement": "NPU" if n.name in set(plan.quantized_nodes) else "FP32",
+                         "placement": plan.placement[n.name][0], "placement_reason": plan.placement[n.name][1],
                          **({"fused_into": plan.fused[n.output[0]]} if n.output and n.output[0] in plan.fused else {})}
     return {
         "version": QUANT_JSON_VERSION,
@@ -156,11 +167,29 @@ def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: di
 def activation_ranges(stats: dict[str, Any], plan: QuantPlan, method: str) -> dict[str, tuple[float, float]]:
     """Ranges per activation, chosen for the grid its dtype gives (8 / 16 bits, signed ones symmetric)."""
     ranges: dict[str, tuple[float, float]] = {}
-    for dtype in sorted({plan.dtypes[a] for a in plan.activations}):
-        names = {a: stats[a] for a in plan.activations if plan.dtypes[a] == dtype}
+    own = [a for a in plan.activations if a not in plan.shared]
+    for dtype in sorted({plan.dtypes[a] for a in own}):
+        names = {a: stats[a] for a in own if plan.dtypes[a] == dtype}
         signed = DTYPES[dtype][2]
         ranges.update(compute_ranges(names, method, num_bits=BITS[dtype], signed=signed, symmetric=signed))
+    for a in plan.shared:
+        ranges[a] = ranges[plan.dominator(a)]  # passive outputs: their input's grid, no requantization
     return ranges
+
+
+def show_placement(ctx: BuildContext, plan: QuantPlan) -> None:
+    """Why each op runs where it does: CPU ops grouped by op type and reason, with the fix."""
+    ops = {n.name: n.op_type for n in ctx.model.graph.node}
+    groups: dict[tuple[str, str], int] = {}
+    for name, (device, why) in plan.placement.items():
+        if device == "CPU":
+            groups[(ops[name], why)] = groups.get((ops[name], why), 0) + 1
+    npu = sum(1 for d, _ in plan.placement.values() if d == "NPU")
+    log.info("placement: %d ops on the NPU, %d on the CPU (reasons per node in quant_config.json)", npu,
+             len(plan.placement) - npu)
+    if groups:
+        rows = [(op, n, why) for (op, why), n in sorted(groups.items(), key=lambda kv: -kv[1])]
+        show(table("Ops on the CPU", ["op type", "count", "why / how to move it"], rows), quiet=ctx.quiet)
 
 
 def run_quant(ctx: BuildContext) -> onnx.ModelProto:
@@ -169,14 +198,15 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     show_layer_config_table(q.layer_configs, ctx.quiet)
     plan = make_plan(model, resolve_layer_precision(q.layer_configs, model,
                                                     highest_mix_precision=q.highest_mix_precision))
+    show_placement(ctx, plan)
     log.info("quantizing %d ops (%d activations, %d weights, %d biases); %d ops stay float",
              len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),
              len(plan.float_nodes))
     data = ctx.calibration
     with ctx.stages.progress() as bar:
         task = bar.add_task(f"calibrating ({len(data)} samples)", total=len(data))
-        stats = collect_statistics(model, plan.activations, data, progress=lambda n: bar.update(task, completed=n),
-                                   cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, plan, data))
+        stats = collect_statistics(model, calibration_tensors(model), data, progress=lambda n: bar.update(task, completed=n),
+                                   cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, data))
     ranges = activation_ranges(stats, plan, q.calibration_method)
     qmodel, params = export_qdq(model, plan, ranges, bias_fp32=q.conv_bias_data_type == "FP32",
                                 refine_weight_threshold=q.refine_weight_threshold)

@@ -121,7 +121,8 @@ def test_fp32_layer_config_keeps_the_layer_float(tmp_path, tiny, tiny_config):
     tiny_config["quant"]["layer_configs"] = [{"layer_name": "fc", "data_type": "FP32"}]
     res = pulsar.build(tiny["model"], tmp_path / "out", tiny_config, quiet=True)
     qjson = json.loads(res.quant_config.read_text())
-    assert qjson["nodes"]["fc"]["placement"] == "FP32"
+    assert qjson["nodes"]["fc"]["placement"] == "CPU"
+    assert qjson["nodes"]["fc"]["placement_reason"] == "layer_configs data_type FP32"
     assert "fc.w" not in qjson["tensors"] and "logits" not in qjson["tensors"]
     assert "Layer Config Table" in (tmp_path / "out" / "build.log").read_text()
 

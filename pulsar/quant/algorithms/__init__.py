@@ -1,0 +1,1 @@
+"""Quantization algorithms that rewrite the float graph or tune scales (SmoothQuant, EasyQuant ...)."""

@@ -1,0 +1,60 @@
+"""Active / passive / manual placement: why each op runs where it does, and moving a manual op."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import pulsar
+
+
+def _attention_like(path):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.3).astype(np.float32), "wq"),
+             numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.3).astype(np.float32), "wo"),
+             numpy_helper.from_array(np.array([1, 4, 2, 8], np.int64), "shape4")]
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"], name="proj"),
+             helper.make_node("Softmax", ["q"], ["p"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["p", "wo"], ["o"], name="out_proj"),
+             helper.make_node("Reshape", ["o", "shape4"], ["y"], name="split_heads")]
+    graph = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 8])],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def _build(tmp_path, name, layer_configs=()):
+    model = _attention_like(tmp_path / "attn.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir(exist_ok=True)
+    for i in range(4):
+        np.save(calib / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 8, 8)).astype(np.float32))
+    cfg = {"quant": {"input_configs": [{"tensor_name": "x", "calibration_dataset": str(calib),
+                                        "calibration_format": "Numpy"}], "layer_configs": list(layer_configs)}}
+    res = pulsar.build(model, tmp_path / name, cfg, {"compiler.check": 2}, quiet=True)
+    return json.loads(res.quant_config.read_text()), (tmp_path / name / "build.log").read_text()
+
+
+def test_manual_op_stays_on_cpu_with_reason_and_passive_op_shares_scale(tmp_path):
+    q, log = _build(tmp_path, "default")
+    assert q["nodes"]["softmax"]["placement"] == "CPU"
+    assert '"op_type": "Softmax", "data_type": "U16"' in q["nodes"]["softmax"]["placement_reason"]
+    assert "Ops on the CPU" in log and "manual op" in log
+    assert q["tensors"]["p"]["dtype"] == "U8"  # the float Softmax output is quantized where out_proj reads it
+    # The Reshape after a quantized MatMul runs on the NPU and shares its input's grid.
+    assert q["nodes"]["split_heads"]["placement"] == "NPU"
+    y, o = q["tensors"]["y"], q["tensors"]["o"]
+    assert y["state"] == "OVERLAPPED" and y["dominator"] == "o"
+    assert y["scale"] == o["scale"] and y["zero_point"] == o["zero_point"]
+
+
+def test_layer_config_moves_a_manual_op_to_the_npu(tmp_path):
+    q, _ = _build(tmp_path, "moved", [{"op_type": "Softmax", "data_type": "U16"}])
+    assert q["nodes"]["softmax"]["placement"] == "NPU"
+    assert q["tensors"]["p"]["dtype"] == "U16"
