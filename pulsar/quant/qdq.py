@@ -8,6 +8,7 @@ dequantized into ``W``.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 
 import numpy as np
@@ -15,7 +16,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from pulsar.quant.plan import QuantPlan
-from pulsar.quant.scheme import BITS, TensorQuant, activation_quant, bias_quant, weight_quant
+from pulsar.quant.scheme import BITS, TensorQuant, activation_quant, bias_fits_s32, bias_quant, weight_quant
+
+log = logging.getLogger(__name__)
 
 
 def _init(g: onnx.GraphProto, name: str, arr: np.ndarray) -> None:
@@ -137,6 +140,10 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[
     for b in plan.biases:
         act, w = params.get(b.activation), params.get(b.weight)
         if bias_fp32 or act is None or w is None:
+            continue
+        if not bias_fits_s32(numpy_helper.to_array(inits[b.tensor]), float(act.scale), w.scale):
+            log.debug("bias %s kept float: it overflows int32 on the %s x %s accumulator grid", b.tensor,
+                      act.dtype, w.dtype)
             continue
         arr = take_initializer(b.tensor)
         tq, q = bias_quant(b.tensor, arr, float(act.scale), w.scale)

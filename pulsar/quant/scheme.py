@@ -106,6 +106,14 @@ def weight_quant(name: str, w: np.ndarray, axis: int, dtype: str = "S8",
     return tq, q
 
 
+def bias_fits_s32(b: np.ndarray, in_scale: float, w_scale: np.ndarray) -> bool:
+    """Whether the bias is representable on the accumulator grid in int32. With 16-bit inputs and
+    weights the grid step is ~1e-9 and a bias of a few units overflows: such biases stay float in the
+    QDQ model (an NPU adds them in its wider accumulator)."""
+    scale = np.maximum(np.float64(in_scale) * w_scale.astype(np.float64), MIN_SCALE)
+    return bool(np.all(np.abs(b.astype(np.float64) / scale) <= DTYPES["S32"][1]))
+
+
 def bias_quant(name: str, b: np.ndarray, in_scale: float, w_scale: np.ndarray) -> tuple[TensorQuant, np.ndarray]:
     """int32 bias on the accumulator's grid (input scale x weight scale)."""
     scale = (np.float64(in_scale) * w_scale.astype(np.float64)).astype(np.float32)

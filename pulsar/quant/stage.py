@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,16 @@ import onnx
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
 from pulsar.frontend.patch import apply_op_processors
+from pulsar.quant.algorithms import auto_mixed_precision
+from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
+from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
 from pulsar.quant.layer_configs import (
     DEFAULT_DTYPE,
     HIGHEST_DTYPE,
+    NodePrecision,
     resolve_layer_precision,
     show_layer_config_table,
 )
@@ -192,24 +197,90 @@ def show_placement(ctx: BuildContext, plan: QuantPlan) -> None:
         show(table("Ops on the CPU", ["op type", "count", "why / how to move it"], rows), quiet=ctx.quiet)
 
 
+def _raised(precision: dict[str, NodePrecision], layers: list[str], dtype: str,
+            fused_into: dict[str, str] | None = None) -> dict[str, NodePrecision]:
+    """``layers`` (and the Relu / Clip fused into them, which own their output) at 16 bits."""
+    out = dict(precision)
+    for name in layers:
+        for node in (name, (fused_into or {}).get(name)):
+            if node:
+                out[node] = NodePrecision(dtype, weight_data_type="S16")
+    return out
+
+
+def run_auto_mixed_precision(ctx: BuildContext, precision: dict[str, NodePrecision], stats: dict[str, Any],
+                             export_kw: dict[str, Any]) -> dict[str, NodePrecision]:
+    """quant.auto_mixed_precision: raise the most sensitive layers to 16 bits within the budget and
+    write the resulting layer_configs for the user to keep."""
+    amp, model = ctx.cfg.quant.auto_mixed_precision, ctx.model
+    samples = list(islice(iter(ctx.calibration), amp.num_samples))
+    ops = {n.name: n.op_type for n in model.graph.node}
+    base = make_plan(model, precision)
+    candidates = {n for n in base.quantized_nodes if ops[n] in COMPUTE_OPS and not precision[n].explicit}
+    producer = {o: n.name for n in model.graph.node for o in n.output}
+    fused_into = {producer[t]: act for t, act in base.fused.items()}
+
+    def export(layers: list[str]) -> onnx.ModelProto:
+        plan = make_plan(model, _raised(precision, layers, amp.data_type, fused_into))
+        return export_qdq(model, plan, activation_ranges(stats, plan, ctx.cfg.quant.calibration_method),
+                          **export_kw)[0]
+
+    layers, trials, ranking = auto_mixed_precision.search(model, export, samples, candidates,
+                                                          max_layers=amp.max_16bit_layers,
+                                                          target_cosine=amp.target_cosine)
+    show(table("Auto mixed precision (end-to-end output cosine vs float)", ["16-bit layers", "cosine", "layers"],
+               [(len(t.layers), f"{t.cosine:.6f}", ", ".join(t.layers[:6]) + (" ..." if len(t.layers) > 6 else ""))
+                for t in trials]), quiet=ctx.quiet)
+    named = [n for layer in layers for n in (layer, fused_into.get(layer)) if n]
+    entry = {"layer_names": named, "data_type": amp.data_type, "weight_data_type": "S16"} if layers else None
+    path = ctx.path("quant", "auto_mixed_precision.json")
+    atomic_write_text(path, json.dumps({
+        "layer_configs": [entry] if entry else [],
+        "trials": [{"layers": t.layers, "cosine": t.cosine} for t in trials],
+        "sensitivity": [{"layer": n, "cosine_lost": c} for n, c in ranking],
+    }, indent=1))
+    ctx.artifacts["auto mixed precision (layer_configs to keep)"] = path
+    log.info("auto mixed precision: %d layer(s) raised to %s; layer_configs written to %s", len(layers),
+             amp.data_type, path)
+    return _raised(precision, layers, amp.data_type, fused_into)
+
+
+def run_smooth_quant(ctx: BuildContext) -> None:
+    """quant.enable_smooth_quant: migrate activation outliers into the weights (exact in float), before
+    calibration, so statistics and the QDQ model are those of the smoothed graph."""
+    q = ctx.cfg.quant
+    ctx.model, reports = apply_smooth_quant(ctx.model, ctx.calibration, alpha=q.smooth_quant_strength,
+                                            threshold=q.smooth_quant_threshold)
+    rows = [(r.layer, r.op_type, f"{r.outlier_ratio:.1f}", "yes" if r.smoothed else "no",
+             r.absorbed_into or "-", f"{r.max_scale:.3g}") for r in reports]
+    show(table("SmoothQuant", ["layer", "op", "outlier ratio", "smoothed", "1/s absorbed into", "max scale"], rows),
+         quiet=ctx.quiet)
+    log.info("smooth quant: %d of %d candidate layers smoothed (alpha %.2f, threshold %.2f)",
+             sum(r.smoothed for r in reports), len(reports), q.smooth_quant_strength, q.smooth_quant_threshold)
+
+
 def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     q = ctx.cfg.quant
+    if q.enable_smooth_quant:
+        run_smooth_quant(ctx)
     model = ctx.model
+    data = ctx.calibration
+    with ctx.stages.progress() as bar:
+        task = bar.add_task(f"calibrating ({len(data)} samples)", total=len(data))
+        stats = collect_statistics(model, calibration_tensors(model), data,
+                                   progress=lambda n: bar.update(task, completed=n),
+                                   cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, data))
     show_layer_config_table(q.layer_configs, ctx.quiet)
-    plan = make_plan(model, resolve_layer_precision(q.layer_configs, model,
-                                                    highest_mix_precision=q.highest_mix_precision))
+    precision = resolve_layer_precision(q.layer_configs, model, highest_mix_precision=q.highest_mix_precision)
+    export_kw = {"bias_fp32": q.conv_bias_data_type == "FP32", "refine_weight_threshold": q.refine_weight_threshold}
+    if q.auto_mixed_precision.enable:
+        precision = run_auto_mixed_precision(ctx, precision, stats, export_kw)
+    plan = make_plan(model, precision)
     show_placement(ctx, plan)
     log.info("quantizing %d ops (%d activations, %d weights, %d biases); %d ops stay float",
              len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),
              len(plan.float_nodes))
-    data = ctx.calibration
-    with ctx.stages.progress() as bar:
-        task = bar.add_task(f"calibrating ({len(data)} samples)", total=len(data))
-        stats = collect_statistics(model, calibration_tensors(model), data, progress=lambda n: bar.update(task, completed=n),
-                                   cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, data))
-    ranges = activation_ranges(stats, plan, q.calibration_method)
-    qmodel, params = export_qdq(model, plan, ranges, bias_fp32=q.conv_bias_data_type == "FP32",
-                                refine_weight_threshold=q.refine_weight_threshold)
+    qmodel, params = export_qdq(model, plan, activation_ranges(stats, plan, q.calibration_method), **export_kw)
     for line in apply_op_processors(qmodel, ctx.cfg.quant_op_processors, field="quant_op_processors"):
         log.info("patched quantized graph: %s", line)
     if q.check >= 1:

@@ -250,3 +250,51 @@ def test_precision_analysis_writes_table_and_graph(tmp_path, tiny, tiny_config, 
     assert "fc " in table and "Gemm" in table
     assert (debug / "precision_analysis.mmd").read_text().startswith("flowchart")
     assert "precision analysis: lowest cosine" in (tmp_path / "out" / "build.log").read_text()
+
+
+def test_auto_mixed_precision_writes_layer_configs_that_reproduce_it(tmp_path, tiny, tiny_config):
+    # One calibration sample with 300x outliers: MinMax ranges get far too wide for 8 bits, so raising
+    # the right layers to 16 bits pays off.
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(5)
+    for i in range(6):
+        np.save(calib / f"{i}.npy", (rng.standard_normal((1, 3, 16, 16)) * (300 if i == 0 else 1)).astype(np.float32))
+    tiny_config["quant"]["input_configs"][0]["calibration_dataset"] = str(calib)
+    res = pulsar.build(tiny["model"], tmp_path / "auto", tiny_config, {
+        "quant.auto_mixed_precision.enable": True, "quant.auto_mixed_precision.max_16bit_layers": 8,
+        "quant.auto_mixed_precision.num_samples": 6}, quiet=True)
+    found = json.loads((tmp_path / "auto" / "quant" / "auto_mixed_precision.json").read_text())
+    assert [len(t["layers"]) for t in found["trials"]][:2] == [0, 1]
+    assert len(found["sensitivity"]) >= 4
+    chosen = found["layer_configs"]
+    best = max(found["trials"], key=lambda t: t["cosine"])
+    assert best["cosine"] > found["trials"][0]["cosine"] + 0.1, found["trials"]
+    assert chosen and set(best["layers"]) <= set(chosen[0]["layer_names"]), found
+    if chosen:
+        qjson, dtypes = json.loads(res.quant_config.read_text()), _dtypes(res)
+        for name in chosen[0]["layer_names"]:
+            node = qjson["nodes"][name]
+            assert any(dtypes.get(t, "").endswith("16") for t in node["inputs"] + node["outputs"]), name
+        # Keeping the written layer_configs in the config reproduces the same quantized model.
+        tiny_config["quant"]["layer_configs"] = chosen
+        again = pulsar.build(tiny["model"], tmp_path / "kept", tiny_config, quiet=True)
+        assert again.quantized_model.read_bytes() == res.quantized_model.read_bytes()
+
+
+def test_smooth_quant_runs_in_the_build(tmp_path, tiny, tiny_config):
+    res = pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {
+        "quant.enable_smooth_quant": True, "quant.smooth_quant_threshold": 1.0, "compiler.check": 2}, quiet=True)
+    log = (tmp_path / "out" / "build.log").read_text()
+    assert "SmoothQuant" in log and "smooth quant: 2 of 2 candidate layers smoothed" in log
+    x = np.load(sorted(Path(tiny["calib"]).glob("*.npy"))[0])
+    want = ort.InferenceSession(str(tiny["model"])).run(None, {"image": x})[0]
+    got = pulsar.Session(res.compiled_model).run({"image": x})["logits"]
+    assert float((want * got).sum() / np.linalg.norm(want) / np.linalg.norm(got)) > 0.999
+
+
+def test_smooth_quant_options_need_smooth_quant(tmp_path, tiny, tiny_config):
+    from pulsar.config import ConfigError
+
+    with pytest.raises(ConfigError, match="quant.smooth_quant_strength: 0.9 is not accepted: only used with"):
+        pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {"quant.smooth_quant_strength": 0.9}, quiet=True)

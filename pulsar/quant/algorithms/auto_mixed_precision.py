@@ -1,0 +1,91 @@
+"""Automatic mixed precision: raise the layers that lose the most to 16 bits, within a budget.
+
+Sensitivity comes from the end-to-end precision analysis: the cosine a layer loses between its
+inputs and its output inside the quantized network. Candidates are the quantized compute layers,
+most sensitive first;
+the search scores the end-to-end output cosine of the QDQ model with the top 1, 2, 4, ... layers
+raised (cheap: calibration statistics are reused, only the export and a few runs repeat) and keeps
+the smallest set that reaches ``target_cosine``, or the best within ``max_16bit_layers``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from pulsar.quant.analysis import analyze
+from pulsar.runtime.session import reference_session_options
+
+log = logging.getLogger(__name__)
+
+COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "AveragePool",
+                         "GlobalAveragePool", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Resize", "Concat"})
+
+
+@dataclass
+class Trial:
+    layers: list[str]
+    cosine: float
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    return 1.0 if na == nb == 0 else float(a @ b / (na * nb)) if na and nb else 0.0
+
+
+def end_to_end_cosine(float_model: onnx.ModelProto, qmodel: onnx.ModelProto,
+                      samples: list[dict[str, np.ndarray]]) -> float:
+    """Mean over samples and outputs of the QDQ model's output cosine with the float model's."""
+    f = ort.InferenceSession(float_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    q = ort.InferenceSession(qmodel.SerializeToString(), reference_session_options(),
+                             providers=["CPUExecutionProvider"])
+    scores = [_cosine(a, b) for s in samples for a, b in zip(f.run(None, s), q.run(None, s), strict=True)]
+    return float(np.mean(scores))
+
+
+def ranked_layers(float_model: onnx.ModelProto, qmodel: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+                  candidates: set[str]) -> list[tuple[str, float]]:
+    """(layer, cosine lost at that layer) for the candidates, largest loss first.
+
+    The loss of a layer is how much the end-to-end cosine of its output falls below the worst
+    end-to-end cosine of its inputs: where the quantized network actually picks up its error (a
+    layer that is bad in isolation can matter little downstream, and the reverse)."""
+    rows = analyze(float_model, qmodel, samples, method="EndToEnd")
+    cos = {r.tensor: float(np.nan_to_num(r.cosine, nan=0.0)) for r in rows}
+    node_out = {r.node: r.tensor for r in rows}
+    inputs = {n.name: [i for i in n.input if i in cos] for n in float_model.graph.node}
+    scored = []
+    for node, tensor in node_out.items():
+        if node in candidates:
+            before = min((cos[i] for i in inputs.get(node, [])), default=1.0)
+            scored.append((node, before - cos[tensor]))
+    return sorted(scored, key=lambda t: (-t[1], t[0]))
+
+
+def search(float_model: onnx.ModelProto, export: Callable[[list[str]], onnx.ModelProto],
+           samples: list[dict[str, np.ndarray]], candidates: set[str], *, max_layers: int,
+           target_cosine: float) -> tuple[list[str], list[Trial], list[tuple[str, float]]]:
+    """Return the layers to raise, every trial scored, and the sensitivity ranking."""
+    base = export([])
+    ranking = ranked_layers(float_model, base, samples, candidates)
+    trials = [Trial([], end_to_end_cosine(float_model, base, samples))]
+    sizes, k = [], 1
+    while k < min(max_layers, len(ranking)):
+        sizes.append(k)
+        k *= 2
+    sizes.append(min(max_layers, len(ranking)))
+    for k in dict.fromkeys(s for s in sizes if s > 0):
+        if target_cosine and trials[-1].cosine >= target_cosine:
+            break
+        layers = [name for name, _ in ranking[:k]]
+        trials.append(Trial(layers, end_to_end_cosine(float_model, export(layers), samples)))
+        log.info("auto mixed precision: %d layer(s) at 16 bits -> end-to-end cosine %.6f", k, trials[-1].cosine)
+    reached = [t for t in trials if target_cosine and t.cosine >= target_cosine]
+    best = min(reached, key=lambda t: len(t.layers)) if reached else max(trials, key=lambda t: t.cosine)
+    return best.layers, trials, ranking
