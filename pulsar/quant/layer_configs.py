@@ -71,11 +71,30 @@ def subgraph_nodes(model: onnx.ModelProto, starts: list[str], ends: list[str]) -
     return forward & backward
 
 
-def resolve_layer_precision(layer_configs: Any, model: onnx.ModelProto, *,
-                            highest_mix_precision: bool = False) -> dict[str, NodePrecision]:
+# quant.transformer_opt_level: presets for transformer blocks, below any layer_configs entry.
+TRANSFORMER_NORM_OPS = frozenset({"LayerNormalization", "Softmax", "Gelu", "FastGelu"})
+
+
+def transformer_presets(model: onnx.ModelProto, level: int) -> dict[str, NodePrecision]:
+    """Level 1: LayerNormalization, Softmax and GELU move to the NPU at U16. Level 2: also the
+    activation x activation MatMuls of attention (Q.K^T, P.V) at U16."""
+    if level <= 0:
+        return {}
+    inits = {t.name for t in model.graph.initializer}
+    out = {}
+    for n in model.graph.node:
+        attention_matmul = n.op_type == "MatMul" and not any(i in inits for i in n.input)
+        if n.op_type in TRANSFORMER_NORM_OPS or (level >= 2 and attention_matmul):
+            out[n.name] = NodePrecision("U16", explicit=True)
+    return out
+
+
+def resolve_layer_precision(layer_configs: Any, model: onnx.ModelProto, *, highest_mix_precision: bool = False,
+                            transformer_opt_level: int = 0) -> dict[str, NodePrecision]:
     """node name -> precision for every node (the default, or U16 with highest_mix_precision)."""
     default = NodePrecision(HIGHEST_DTYPE, weight_data_type="S16") if highest_mix_precision else NodePrecision()
-    chosen: dict[str, tuple[int, NodePrecision]] = {}
+    chosen: dict[str, tuple[int, NodePrecision]] = {
+        name: (0, prec) for name, prec in transformer_presets(model, transformer_opt_level).items()}
     for lc in layer_configs:
         named = set(_names(lc.layer_name) + _names(lc.layer_names))
         ops = set(_names(lc.op_type) + _names(lc.op_types))

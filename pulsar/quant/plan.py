@@ -79,13 +79,16 @@ def _rule_for(node: onnx.NodeProto, prec: NodePrecision, plan: QuantPlan,
     return None, "not supported by the NPU: runs on the CPU"
 
 
-def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None = None) -> QuantPlan:
+def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None = None, *,
+              optimize: bool = True, ln_scale_dtype: str = "FP32") -> QuantPlan:
     """Walk the (shape-inferred) float graph once and classify every tensor.
 
     ``precision`` (from ``layer_configs``) gives each node its activation / output / weight dtype;
     FP32 nodes stay float whatever their op type. A tensor takes its producer's output dtype; a
     tensor no quantized node produces (a graph input, a float op's output) takes the widest dtype
-    its quantized readers ask for.
+    its quantized readers ask for. ``optimize`` False (quant.disable_quant_optimization) turns off
+    the quantization-time rewrites: Conv / Gemm + Relu / Clip fusion and passive ops sharing their
+    input's scale. ``ln_scale_dtype`` S32 quantizes the Scale of a LayerNormalization on the NPU.
     """
     precision = precision or {}
     default = NodePrecision()
@@ -127,9 +130,14 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
             src = node.input[0]
             for out in node.output:
                 add_act(out, plan.dtypes[src], producer=True)
-                if out in plan.dtypes and plan.dtypes[out] == plan.dtypes[src]:
+                if optimize and out in plan.dtypes and plan.dtypes[out] == plan.dtypes[src]:
                     plan.shared[out] = src
             continue
+        if node.op_type == "LayerNormalization" and ln_scale_dtype != "FP32" and len(node.input) > 1 \
+                and node.input[1] in inits and node.input[1] not in seen_const:
+            seen_const.add(node.input[1])
+            plan.constants.append(node.input[1])
+            plan.dtypes[node.input[1]] = ln_scale_dtype
         data_idx = range(len(node.input)) if rule.data_inputs is None else rule.data_inputs
         for i in data_idx:
             if i >= len(node.input) or not node.input[i]:
@@ -155,7 +163,7 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
                 add_act(name, prec.data_type, producer=False)
         for out in node.output:
             users = consumers.get(out, [])
-            if (rule.fusable_activation and out not in graph_outputs and len(users) == 1
+            if (optimize and rule.fusable_activation and out not in graph_outputs and len(users) == 1
                     and users[0].op_type in FUSED_ACTIVATIONS
                     and precision.get(users[0].name, default).data_type != "FP32"):
                 plan.fused[out] = users[0].name

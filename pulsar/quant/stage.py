@@ -197,6 +197,10 @@ def show_placement(ctx: BuildContext, plan: QuantPlan) -> None:
         show(table("Ops on the CPU", ["op type", "count", "why / how to move it"], rows), quiet=ctx.quiet)
 
 
+def plan_kw(q: Any) -> dict[str, Any]:
+    return {"optimize": not q.disable_quant_optimization, "ln_scale_dtype": q.ln_scale_data_type}
+
+
 def _raised(precision: dict[str, NodePrecision], layers: list[str], dtype: str,
             fused_into: dict[str, str] | None = None) -> dict[str, NodePrecision]:
     """``layers`` (and the Relu / Clip fused into them, which own their output) at 16 bits."""
@@ -215,13 +219,13 @@ def run_auto_mixed_precision(ctx: BuildContext, precision: dict[str, NodePrecisi
     amp, model = ctx.cfg.quant.auto_mixed_precision, ctx.model
     samples = list(islice(iter(ctx.calibration), amp.num_samples))
     ops = {n.name: n.op_type for n in model.graph.node}
-    base = make_plan(model, precision)
+    base = make_plan(model, precision, **plan_kw(ctx.cfg.quant))
     candidates = {n for n in base.quantized_nodes if ops[n] in COMPUTE_OPS and not precision[n].explicit}
     producer = {o: n.name for n in model.graph.node for o in n.output}
     fused_into = {producer[t]: act for t, act in base.fused.items()}
 
     def export(layers: list[str]) -> onnx.ModelProto:
-        plan = make_plan(model, _raised(precision, layers, amp.data_type, fused_into))
+        plan = make_plan(model, _raised(precision, layers, amp.data_type, fused_into), **plan_kw(ctx.cfg.quant))
         return export_qdq(model, plan, activation_ranges(stats, plan, ctx.cfg.quant.calibration_method),
                           **export_kw)[0]
 
@@ -271,11 +275,12 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
                                    progress=lambda n: bar.update(task, completed=n),
                                    cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, data))
     show_layer_config_table(q.layer_configs, ctx.quiet)
-    precision = resolve_layer_precision(q.layer_configs, model, highest_mix_precision=q.highest_mix_precision)
+    precision = resolve_layer_precision(q.layer_configs, model, highest_mix_precision=q.highest_mix_precision,
+                                        transformer_opt_level=q.transformer_opt_level)
     export_kw = {"bias_fp32": q.conv_bias_data_type == "FP32", "refine_weight_threshold": q.refine_weight_threshold}
     if q.auto_mixed_precision.enable:
         precision = run_auto_mixed_precision(ctx, precision, stats, export_kw)
-    plan = make_plan(model, precision)
+    plan = make_plan(model, precision, **plan_kw(q))
     show_placement(ctx, plan)
     log.info("quantizing %d ops (%d activations, %d weights, %d biases); %d ops stay float",
              len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),

@@ -58,3 +58,49 @@ def test_layer_config_moves_a_manual_op_to_the_npu(tmp_path):
     q, _ = _build(tmp_path, "moved", [{"op_type": "Softmax", "data_type": "U16"}])
     assert q["nodes"]["softmax"]["placement"] == "NPU"
     assert q["tensors"]["p"]["dtype"] == "U16"
+
+
+def _encoder_build(tmp_path, name, overrides):
+    from examples.transformer import transformer_encoder_onnx
+
+    model = transformer_encoder_onnx(tmp_path / "enc.onnx") if not (tmp_path / "enc.onnx").exists() \
+        else tmp_path / "enc.onnx"
+    calib = tmp_path / "tcal"
+    calib.mkdir(exist_ok=True)
+    for i in range(4):
+        np.save(calib / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 16, 64)).astype(np.float32))
+    cfg = {"quant": {"input_configs": [{"tensor_name": "DEFAULT", "calibration_dataset": str(calib),
+                                        "calibration_format": "Numpy"}]}}
+    res = pulsar.build(model, tmp_path / name, cfg, {"compiler.check": 3, **overrides}, quiet=True)
+    return json.loads(res.quant_config.read_text())
+
+
+def test_transformer_opt_levels_move_norms_softmax_gelu_and_attention_matmuls(tmp_path):
+    placed = {}
+    for level in (0, 1, 2):
+        q = _encoder_build(tmp_path, f"l{level}", {"quant.transformer_opt_level": level,
+                                                   "quant.ln_scale_data_type": "S32" if level else "FP32"})
+        placed[level] = {v["op_type"]: v["placement"] for v in q["nodes"].values()
+                         if v["op_type"] in ("Softmax", "LayerNormalization", "Gelu")}
+        u16 = {t for t, v in q["tensors"].items() if v["dtype"] == "U16"}
+        if level == 0:
+            assert not u16
+        else:
+            s32 = [t for t, v in q["tensors"].items() if v["kind"] == "constant" and v["dtype"] == "S32"]
+            assert len(s32) == 4  # the four LayerNorm scales
+        placed[level]["u16"] = len(u16)
+    assert set(placed[0].values()) - {0} == {"CPU"} and set(placed[1].values()) - {placed[1]["u16"]} == {"NPU"}
+    assert placed[2]["u16"] > placed[1]["u16"] > 0
+
+
+def test_disable_quant_optimization_quantizes_pre_activations_and_passive_outputs(tmp_path):
+    q_on, _ = _build(tmp_path, "on")
+    q_off, _ = _build(tmp_path, "off_base")
+    assert q_on == q_off
+    model = _attention_like(tmp_path / "attn.onnx")
+    calib = tmp_path / "calib"
+    cfg = {"quant": {"input_configs": [{"tensor_name": "x", "calibration_dataset": str(calib),
+                                        "calibration_format": "Numpy"}]}}
+    res = pulsar.build(model, tmp_path / "off", cfg, {"quant.disable_quant_optimization": True}, quiet=True)
+    y = json.loads(res.quant_config.read_text())["tensors"]["y"]
+    assert y["state"] == "ACTIVATED" and y["dominator"] == "y"
