@@ -67,6 +67,10 @@ def _run_stages(ctx: BuildContext, data: dict[str, Any], t0: float) -> BuildResu
     log.info("pulsar build: %s -> %s for %s %s (config hash %s)", ctx.cfg.input, ctx.output_dir,
              ctx.cfg.target_hardware, ctx.cfg.npu_mode, ctx.config_hash)
     st = ctx.stages
+    if ctx.cfg.model_type == "QuantONNX":
+        from pulsar.quant.import_qdq import strip_qdq
+
+        ctx.import_quant = strip_qdq
     with st.stage("load model"):
         original = load_and_check(ctx)
     with st.stage("calibration data"):

@@ -3,6 +3,7 @@ moves from stage to stage."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,10 @@ class BuildContext:
     calibration: Any = None                     # pulsar.quant.datasets.CalibrationData
     artifacts: dict[str, Path] = field(default_factory=dict)
     check_samples: list[dict[str, Any]] = field(default_factory=list)
+    imported: dict[str, Any] = field(default_factory=dict)  # QuantONNX: tensor -> TensorQuant kept from the input
+    # QuantONNX: model -> (float model, imported params); set by the orchestrator so the frontend
+    # does not import from the quant stage
+    import_quant: Callable[[onnx.ModelProto], tuple[onnx.ModelProto, dict[str, Any]]] | None = None
 
     def path(self, *parts: str) -> Path:
         return self.output_dir.joinpath(*parts)

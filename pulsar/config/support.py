@@ -40,7 +40,8 @@ def _at_default(path: str, why: str = _NOT_YET) -> Rule:
 _FINETUNE = "only used by AdaRound / BRECQ / LSQ fine-tuning, which is not available yet"
 
 RULES: list[Rule] = [
-    Rule("model_type", lambda v, _c: v == "ONNX", "only float ONNX input (model_type ONNX) is available yet"),
+    Rule("model_type", lambda v, _c: v in ("ONNX", "QuantONNX"),
+         "QuantAxModel input (pulsar's own quantized artifact) is not available yet; use ONNX or QuantONNX"),
     Rule("target_hardware", lambda v, _c: v in ("VNPU-S", "VNPU-M", "VNPU-L"),
          "custom target profile files arrive with the NPU backend; use VNPU-S, VNPU-M or VNPU-L"),
     _at_default("onnx_opt.save_tensors_data"),

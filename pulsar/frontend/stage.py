@@ -28,6 +28,8 @@ def load_and_check(ctx: BuildContext) -> onnx.ModelProto:
     if shapes:
         model = apply_input_shapes(model, shapes)
     require_static_inputs(model)
+    if ctx.import_quant is not None:  # QuantONNX: the quant stage takes the Q/DQ pairs apart first
+        model, ctx.imported = ctx.import_quant(model)
     check_against_model(cfg, model)
     for line in apply_const_processors(model, cfg.const_processors) + apply_op_processors(model, cfg.op_processors):
         log.info("patched %s", line)
@@ -44,7 +46,9 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
         model = simplify_with_onnxslim(model)
         log.info("onnxslim: %d -> %d nodes", len(original.graph.node), len(model.graph.node))
     records = []
-    if not opt.disable_onnx_optimization:
+    if ctx.imported:
+        log.info("QuantONNX input: graph passes skipped so the imported scales keep their tensors")
+    elif not opt.disable_onnx_optimization:
         model, records = optimize(model, check=not opt.disable_transformation_check, samples=samples)
     model = infer_shapes(model)
     show(table("Frontend report", ["op type / total", "before", "after"], frontend_report_rows(before, summarize(model))),

@@ -16,7 +16,15 @@ import onnx
 from onnx import helper, numpy_helper
 
 from pulsar.quant.plan import QuantPlan
-from pulsar.quant.scheme import BITS, TensorQuant, activation_quant, bias_fits_s32, bias_quant, weight_quant
+from pulsar.quant.scheme import (
+    BITS,
+    TensorQuant,
+    activation_quant,
+    bias_fits_s32,
+    bias_quant,
+    requantize,
+    weight_quant,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +111,13 @@ def topological_sort(g: onnx.GraphProto) -> None:
 
 
 def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[float, float]], *,
-               bias_fp32: bool = False,
+               bias_fp32: bool = False, fixed: dict[str, TensorQuant] | None = None,
                refine_weight_threshold: float = 1e-6) -> tuple[onnx.ModelProto, dict[str, TensorQuant]]:
-    """Return the QDQ model and the quantization parameters of every quantized tensor."""
+    """Return the QDQ model and the quantization parameters of every quantized tensor.
+
+    ``fixed`` holds parameters that must be kept (a QuantONNX input's own scales): those tensors are
+    put on their given grid instead of a calibrated one."""
+    fixed = fixed or {}
     qmodel = onnx.ModelProto()
     qmodel.CopyFrom(model)
     g = qmodel.graph
@@ -119,21 +131,29 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[
 
     for w in plan.weights:
         arr = take_initializer(w.tensor)
-        tq, q = weight_quant(w.tensor, arr, w.axis, w.dtype, refine_threshold=refine_weight_threshold)
+        if w.tensor in fixed:
+            tq = fixed[w.tensor]
+            q = requantize(tq, arr)
+        else:
+            tq, q = weight_quant(w.tensor, arr, w.axis, w.dtype, refine_threshold=refine_weight_threshold)
         _init(g, f"{w.tensor}/q", q)
         _qdq_nodes(g, f"{w.tensor}/q", w.tensor, tq, quantize=False)
         params[w.tensor] = tq
 
     for name in plan.constants:
         arr = take_initializer(name)
-        tq, q = constant_quant(name, arr, refine_weight_threshold, plan.dtypes.get(name, "S8"))
+        if name in fixed:
+            tq = fixed[name]
+            q = requantize(tq, arr)
+        else:
+            tq, q = constant_quant(name, arr, refine_weight_threshold, plan.dtypes.get(name, "S8"))
         _init(g, f"{name}/q", q)
         _qdq_nodes(g, f"{name}/q", name, tq, quantize=False)
         params[name] = tq
 
     for name in plan.activations:
         lo, hi = ranges[name]
-        params[name] = activation_quant(name, lo, hi, plan.dtypes[name])
+        params[name] = fixed[name] if name in fixed else activation_quant(name, lo, hi, plan.dtypes[name])
         if name in plan.shared:
             params[name].state, params[name].dominator = "OVERLAPPED", plan.dominator(name)
 
@@ -146,7 +166,11 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[
                       act.dtype, w.dtype)
             continue
         arr = take_initializer(b.tensor)
-        tq, q = bias_quant(b.tensor, arr, float(act.scale), w.scale)
+        if b.tensor in fixed:
+            tq = fixed[b.tensor]
+            q = requantize(tq, arr)
+        else:
+            tq, q = bias_quant(b.tensor, arr, float(act.scale), w.scale)
         _init(g, f"{b.tensor}/q", q)
         _qdq_nodes(g, f"{b.tensor}/q", b.tensor, tq, quantize=False)
         params[b.tensor] = tq

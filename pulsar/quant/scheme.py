@@ -124,3 +124,13 @@ def bias_quant(name: str, b: np.ndarray, in_scale: float, w_scale: np.ndarray) -
     q = np.clip(np.round(b.astype(np.float64) / scale), qmin, qmax).astype(np.int32)
     tq = TensorQuant(name, "S32", scale, np.zeros(scale.shape, dtype=np.int32), axis=0, symmetric=True, kind="bias")
     return tq, q
+
+
+def requantize(tq: TensorQuant, arr: np.ndarray) -> np.ndarray:
+    """Integers of ``arr`` on the grid of ``tq`` (per channel along ``tq.axis``)."""
+    shape = [1] * arr.ndim
+    if tq.axis is not None:
+        shape[tq.axis] = -1
+    scale = np.asarray(tq.scale, np.float64).reshape(shape if tq.axis is not None else ())
+    zp = np.asarray(tq.zero_point, np.float64).reshape(shape if tq.axis is not None else ())
+    return np.clip(np.round(arr.astype(np.float64) / scale) + zp, tq.qmin, tq.qmax).astype(tq.np_dtype)

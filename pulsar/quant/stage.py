@@ -285,7 +285,11 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     log.info("quantizing %d ops (%d activations, %d weights, %d biases); %d ops stay float",
              len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),
              len(plan.float_nodes))
-    qmodel, params = export_qdq(model, plan, activation_ranges(stats, plan, q.calibration_method), **export_kw)
+    qmodel, params = export_qdq(model, plan, activation_ranges(stats, plan, q.calibration_method), **export_kw,
+                                fixed=ctx.imported)
+    if ctx.imported:
+        kept = sum(1 for t in params if t in ctx.imported)
+        log.info("QuantONNX input: %d tensors keep their imported scales, %d calibrated", kept, len(params) - kept)
     for line in apply_op_processors(qmodel, ctx.cfg.quant_op_processors, field="quant_op_processors"):
         log.info("patched quantized graph: %s", line)
     if q.check >= 1:
