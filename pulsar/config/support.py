@@ -53,7 +53,6 @@ RULES: list[Rule] = [
     Rule("quant.smooth_quant_strength", lambda v, q: v == 0.6 or bool(q.get("enable_smooth_quant")),
          "only used with quant.enable_smooth_quant"),
     _at_default("quant.disable_auto_refine_scale"),
-    _at_default("quant.enable_easy_quant"),
     _at_default("quant.enable_brecq"),
     _at_default("quant.enable_lsq"),
     _at_default("quant.enable_adaround"),

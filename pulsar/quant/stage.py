@@ -19,6 +19,7 @@ from pulsar.errors import PulsarError
 from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.algorithms import auto_mixed_precision
 from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
+from pulsar.quant.algorithms.easy_quant import easy_quant, update_params
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
@@ -263,6 +264,19 @@ def run_smooth_quant(ctx: BuildContext) -> None:
              sum(r.smoothed for r in reports), len(reports), q.smooth_quant_strength, q.smooth_quant_threshold)
 
 
+def run_easy_quant(ctx: BuildContext, qmodel: onnx.ModelProto, params: dict[str, TensorQuant]) -> onnx.ModelProto:
+    """quant.enable_easy_quant: per-layer search of output and weight scales maximising the cosine with
+    the float layer (arXiv 2006.16669), on up to 8 calibration samples."""
+    samples = list(islice(iter(ctx.calibration), 8))
+    qmodel, rows = easy_quant(ctx.model, qmodel, samples)
+    changed = update_params(params, qmodel)
+    show(table("EasyQuant (per-layer cosine vs float)", ["layer", "before", "after", "output scale x", "weight scale x"],
+               [(r.layer, f"{r.cosine_before:.6f}", f"{r.cosine_after:.6f}", f"{r.act_factor:.3f}",
+                 f"{r.weight_factor:.3f}") for r in rows]), quiet=ctx.quiet)
+    log.info("easy quant: %d layers searched, %d scales changed", len(rows), len(changed))
+    return qmodel
+
+
 def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     q = ctx.cfg.quant
     if q.enable_smooth_quant:
@@ -290,6 +304,8 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     if ctx.imported:
         kept = sum(1 for t in params if t in ctx.imported)
         log.info("QuantONNX input: %d tensors keep their imported scales, %d calibrated", kept, len(params) - kept)
+    if q.enable_easy_quant:
+        qmodel = run_easy_quant(ctx, qmodel, params)
     for line in apply_op_processors(qmodel, ctx.cfg.quant_op_processors, field="quant_op_processors"):
         log.info("patched quantized graph: %s", line)
     if q.check >= 1:

@@ -298,3 +298,17 @@ def test_smooth_quant_options_need_smooth_quant(tmp_path, tiny, tiny_config):
 
     with pytest.raises(ConfigError, match="quant.smooth_quant_strength: 0.9 is not accepted: only used with"):
         pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {"quant.smooth_quant_strength": 0.9}, quiet=True)
+
+
+def test_easy_quant_runs_in_the_build(tmp_path, tiny, tiny_config):
+    base = pulsar.build(tiny["model"], tmp_path / "base", tiny_config, quiet=True)
+    res = pulsar.build(tiny["model"], tmp_path / "eq", tiny_config, {"quant.enable_easy_quant": True,
+                                                                      "compiler.check": 2, "quant.check": 1}, quiet=True)
+    log = (tmp_path / "eq" / "build.log").read_text()
+    assert "EasyQuant" in log and "easy quant:" in log
+    # quant_config.json follows the searched scales of the model it describes
+    qjson = json.loads(res.quant_config.read_text())["tensors"]
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(res.quantized_model).graph.initializer}
+    for name, tq in qjson.items():
+        assert np.allclose(np.asarray(tq["scale"], np.float32).ravel(), inits[f"{name}/scale"].ravel()), name
+    assert base.quant_config.read_text() != res.quant_config.read_text()

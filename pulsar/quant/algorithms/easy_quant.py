@@ -10,7 +10,8 @@ For every quantized Conv / Gemm / MatMul, in graph order:
   earlier layer's new output scale is a later layer's input scale); weight and bias are dequantized
   from candidate scales; a one-node onnxruntime model (plus the fused Relu / Clip) computes it.
 - Objective: cosine between the layer's quantized output ``T`` (after its own Q/DQ) and the float
-  model's ``T``, over all samples at once.
+  model's ``T``, over all samples at once. The float values every layer reads and compares are
+  taken in one pass over the samples and kept in memory until their last layer is done.
 - ``rounds`` times: the output scale (factors ``grid`` x current scale), then the weight scales per
   output channel. Given the output scale, output channels are independent, so per-channel dot
   products and energies of each candidate give the exact cosine of any per-channel mix; coordinate
@@ -38,7 +39,7 @@ from onnx import helper, numpy_helper
 
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.quant.ops import FUSED_ACTIVATIONS, QUANT_OPS
-from pulsar.quant.scheme import MIN_SCALE, bias_quant
+from pulsar.quant.scheme import MIN_SCALE, TensorQuant, bias_quant
 from pulsar.runtime.session import reference_session_options, shape_matches, tensor_info
 
 log = logging.getLogger(__name__)
@@ -46,17 +47,21 @@ log = logging.getLogger(__name__)
 # Searched op types -> the output axis that holds the weight's per-channel axis (output channels).
 LAYER_OPS: dict[str, int] = {"Conv": 1, "Gemm": -1, "MatMul": -1}
 WEIGHT_INPUT, BIAS_INPUT = 1, 2
-ASCENT_SWEEPS = 3
+CHUNK = 1 << 16  # elements per block of the cosine sums (fits in a core's L2 cache with its buffers)
+ASCENT_STEPS = 30  # at most; each accepted step raises the cosine, the search stops at the first that does not
 
 
 @dataclass
 class EasyQuantReport:
-    layer: str
-    tensor: str
+    """One searched layer. Cosines are over all samples at once; ``cosine_before`` is where the layer's
+    search started (earlier layers already updated, so its input grid may have moved)."""
+
+    layer: str              # node name
+    tensor: str             # the compared output (after a fused Relu / Clip)
     cosine_before: float
     cosine_after: float
     act_factor: float       # new / original output scale (1.0: output not quantized)
-    weight_factor: float    # mean over channels of new / original weight scale (1.0: no quantized weight)
+    weight_factor: float    # mean over channels of new / original weight scale (1.0: weight not searched)
 
 
 @dataclass
@@ -127,14 +132,14 @@ def _broadcast(scale: np.ndarray, axis: int | None, ndim: int) -> np.ndarray:
 
 
 def _fake_quant(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int | None) -> np.ndarray:
-    """QuantizeLinear then DequantizeLinear, as onnxruntime computes them (round half to even)."""
+    """QuantizeLinear then DequantizeLinear as onnxruntime computes them (x / scale, round half to
+    even); clipping to [qmin - zp, qmax - zp] before adding the zero point back is the same grid."""
     qmin, qmax = _qrange(zp.dtype)
     s = _broadcast(np.asarray(scale, x.dtype), axis, x.ndim)
     z = _broadcast(np.asarray(zp, x.dtype), axis, x.ndim)
-    q = np.rint(x / s)
-    q += z
-    np.clip(q, qmin, qmax, out=q)
-    q -= z
+    q = x / s
+    np.rint(q, out=q)
+    np.clip(q, qmin - z, qmax - z, out=q)
     q *= s
     return q
 
@@ -146,14 +151,71 @@ def _quantize_weight(w: np.ndarray, scale: np.ndarray, axis: int | None, dtype: 
     return np.clip(q, qmin, qmax).astype(dtype)
 
 
-def _channel_sums(a: np.ndarray, b: np.ndarray, axis: int | None) -> np.ndarray:
-    """Sum of a * b per index of ``axis`` (one total when ``axis`` is None), in float64."""
-    p = a * b
-    if axis is None:
-        return np.array([p.sum(dtype=np.float64)])
-    axis %= p.ndim
-    lead = int(np.prod(p.shape[:axis]))
-    return p.reshape(lead, p.shape[axis], -1).sum(axis=(0, 2), dtype=np.float64)
+Quant = tuple[float, float, float]  # (scale, qmin - zero point, qmax - zero point) of a per-tensor Q/DQ
+
+
+def _block_sums(y: np.ndarray, r: np.ndarray, ch_axis: int | None, n_ch: int,
+                quants: Sequence[Quant | None]) -> tuple[np.ndarray, np.ndarray]:
+    """For each candidate Q/DQ (None: none) and output channel: sum of Q/DQ(y) * r and of Q/DQ(y)^2,
+    float64, shape (candidates, channels); ``ch_axis`` None: one total.
+
+    Block by block, all candidates on a block before the next: y and r are read from memory once and
+    the candidates' quantization and dot products run in cache (large activations are memory bound).
+    Float32 dot products within a block row, float64 across.
+    """
+    ndim = y.ndim
+    if ch_axis is None:
+        mode, cols = "total", y.size
+    elif ch_axis % ndim == ndim - 1:
+        mode, cols = "cols", n_ch                                # channels last: column sums
+    else:
+        mode, cols = "rows", int(np.prod(y.shape[ch_axis % ndim + 1:]))  # a row per (leading index, channel)
+    if mode == "total":
+        y2, r2, step = y.reshape(1, -1), r.reshape(1, -1), CHUNK
+    else:
+        y2, r2, step = y.reshape(-1, cols), r.reshape(-1, cols), max(1, CHUNK // cols)
+    dot, qq = np.zeros((len(quants), n_ch)), np.zeros((len(quants), n_ch))
+    n_blocks = -(-y2.shape[1] // step) if mode == "total" else -(-len(y2) // step)
+    for i in range(n_blocks):
+        if mode == "total":
+            yb, rb = y2[0, i * step:(i + 1) * step], r2[0, i * step:(i + 1) * step]
+        else:
+            yb, rb = y2[i * step:(i + 1) * step], r2[i * step:(i + 1) * step]
+        channel = np.arange(i * step, i * step + len(yb)) % n_ch if mode == "rows" else None
+        # with many candidates, knowing the block's range saves the clip where nothing reaches it
+        lo_y, hi_y = (float(yb.min()), float(yb.max())) if len(quants) > 2 and yb.size else (-np.inf, np.inf)
+        buf = np.empty_like(yb)
+        for k, quant in enumerate(quants):
+            qb = yb
+            if quant is not None:
+                qb = np.divide(yb, np.float32(quant[0]), out=buf)
+                np.rint(qb, out=qb)
+                if lo_y / quant[0] < quant[1] or hi_y / quant[0] > quant[2]:  # only blocks that reach the clip
+                    np.clip(qb, np.float32(quant[1]), np.float32(quant[2]), out=qb)
+            if mode == "total":
+                dot[k, 0] += float(np.dot(qb, rb))
+                qq[k, 0] += float(np.dot(qb, qb))
+            elif mode == "cols":
+                dot[k] += np.einsum("ij,ij->j", qb, rb)
+                qq[k] += np.einsum("ij,ij->j", qb, qb)
+            else:
+                dot[k] += np.bincount(channel, _row_dots(qb, rb), n_ch)
+                qq[k] += np.bincount(channel, _row_dots(qb, qb), n_ch)
+    scale = np.array([q[0] if q is not None else 1.0 for q in quants])[:, None]
+    return dot * scale, qq * scale**2
+
+
+def _row_dots(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Dot product of each row (float32); batched BLAS for long rows, einsum for short ones."""
+    if a.shape[1] < 256:
+        return np.einsum("ij,ij->i", a, b)
+    return np.matmul(a[:, None, :], b[:, :, None])[:, 0, 0]
+
+
+def _bias_fits(b: np.ndarray, in_scale: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
+    """Per channel: is the bias representable in int32 on the grid input scale x weight scale?"""
+    step = np.maximum(np.float64(in_scale) * np.asarray(w_scale, np.float64), MIN_SCALE)
+    return np.abs(b.astype(np.float64)).reshape(-1) / step.reshape(-1) <= np.iinfo(np.int32).max
 
 
 def _cosine(dot: float, qq: float, ff: float) -> float:
@@ -223,6 +285,8 @@ def _find_layers(g: _Graph, qmodel: onnx.ModelProto) -> list[_Layer]:
         act = act if act is not None and act.op_type in FUSED_ACTIVATIONS else None
         last = act.output[0] if act is not None else node.output[0]
         out_dq = g.output_qdq(last)
+        if out_dq is not None and g.inits.get(out_dq.input[1]).size != 1:
+            out_dq = None  # a per-channel output grid: compared before it, its scale left alone
         if out_dq is None:
             act, last = None, node.output[0]
         consts: dict[int, _Const | None] = {}
@@ -261,10 +325,14 @@ class _FloatValues:
         m.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
                               for n in names if n not in known)
         sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-        runs = [dict(zip(names, sess.run(names, s), strict=True)) for s in samples]
-        same = all(r[n].shape == runs[0][n].shape for r in runs for n in names)
-        self.values: dict[str, list[np.ndarray]] = {
-            n: [np.concatenate([r[n] for r in runs])] if same else [r[n] for r in runs] for n in names}
+        runs = [sess.run(names, s) for s in samples]
+        same = all(r[i].shape == runs[0][i].shape for r in runs for i in range(len(names)))
+        self.values: dict[str, list[np.ndarray]] = {}
+        for i, n in enumerate(names):
+            per_sample = [r[i] for r in runs]
+            for r in runs:
+                r[i] = None  # freed as soon as concatenated
+            self.values[n] = [np.concatenate(per_sample)] if same else per_sample
 
     def release(self, names: list[str]) -> None:
         for n in names:
@@ -306,8 +374,10 @@ class _Runner:
             [helper.make_tensor_value_info(self.output, onnx.TensorProto.FLOAT, None)], initializer=consts)
         model = helper.make_model(graph, opset_imports=[o for o in qmodel.opset_import if o.domain in ("", "ai.onnx")])
         model.ir_version = qmodel.ir_version
-        self.sess = ort.InferenceSession(model.SerializeToString(), reference_session_options(),
-                                         providers=["CPUExecutionProvider"])
+        opts = reference_session_options()
+        # between runs numpy works on the outputs: idle onnxruntime threads should not spin on a core
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
     @staticmethod
     def _dq_value(qmodel: onnx.ModelProto, inits: _Inits, name: str) -> np.ndarray:
@@ -328,19 +398,20 @@ class _Runner:
 class _Search:
     """The alternating scale search of one layer; writes the chosen scales into ``inits``."""
 
-    def __init__(self, layer: _Layer, g: _Graph, values: _FloatValues, runner: _Runner,
-                 changed: set[str]) -> None:
+    def __init__(self, layer: _Layer, g: _Graph, values: _FloatValues, runner: _Runner, changed: set[str],
+                 bias_users: dict[str, list[_Layer]]) -> None:
         self.layer, self.g, self.inits, self.runner, self.changed = layer, g, g.inits, runner, changed
+        self.bias_users = bias_users  # input scale name -> layers whose bias lives on its grid
         self.acts = [{k: _fake_quant(v, self.inits.get(q.scale), self.inits.get(q.zero_point), q.axis)
                       if q is not None else v for k, (f, q) in layer.inputs.items()
                       for v in [values.values[f][b]]} for b in range(len(values.values[layer.out]))]
         self.ref = values.values[layer.out]
-        self.ff = sum(float(_channel_sums(r, r, None)[0]) for r in self.ref)
-        w = layer.weight
-        self.w_axis = w.qdq.axis if w is not None else None
-        n_ch = self.inits.get(w.qdq.scale).size if w is not None else 1
+        self.current: list[np.ndarray] | None = None
+        n_ch = self.inits.get(layer.weight.qdq.scale).size if layer.weight is not None else 1
         out_ch = self.ref[0].shape[LAYER_OPS[layer.node.op_type]] if self.ref[0].ndim else 0
         self.ch_axis = LAYER_OPS[layer.node.op_type] if n_ch > 1 and n_ch == out_ch else None
+        self.n_ch = n_ch if self.ch_axis is not None else 1
+        self.ff = sum(float(_block_sums(r, r, None, 1, [None])[0].sum()) for r in self.ref)
 
     def weight_bias(self, w_scale: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Dequantized weight and bias for a weight scale (None: the current one)."""
@@ -365,22 +436,33 @@ class _Search:
         return bias_quant(layer.bias.name, layer.bias.value, in_scale, scale)
 
     def outputs(self, w_scale: np.ndarray | None = None) -> list[np.ndarray]:
+        """Layer outputs (before the output Q/DQ) for a weight scale; None: the current one (cached)."""
+        if w_scale is None and self.current is not None:
+            return self.current
         w, b = self.weight_bias(w_scale)
-        return [self.runner(acts, w, b) for acts in self.acts]
+        ys = [self.runner(acts, w, b) for acts in self.acts]
+        if w_scale is None:
+            self.current = ys
+        return ys
 
-    def quantize_out(self, y: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+    def quant(self, scale: np.ndarray | None = None) -> Quant | None:
+        """The output Q/DQ with ``scale`` (None: the current one)."""
         q = self.layer.out_qdq
         if q is None:
-            return y
-        return _fake_quant(y, self.inits.get(q.scale) if scale is None else scale, self.inits.get(q.zero_point), q.axis)
+            return None
+        zp = self.inits.get(q.zero_point)
+        qmin, qmax = _qrange(zp.dtype)
+        return float(self.inits.get(q.scale) if scale is None else scale), qmin - float(zp), qmax - float(zp)
 
-    def stats(self, ys: list[np.ndarray], scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Per-channel dot products with the float output and energies of the quantized output."""
-        dot = qq = 0.0
+    def stats(self, ys: list[np.ndarray], quants: Sequence[Quant | None], *,
+              per_channel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Per candidate Q/DQ (and channel): dot products with the float output, energies of the output."""
+        ch_axis, n_ch = (self.ch_axis, self.n_ch) if per_channel else (None, 1)
+        dot, qq = np.zeros((len(quants), n_ch)), np.zeros((len(quants), n_ch))
         for y, r in zip(ys, self.ref, strict=True):
-            yq = self.quantize_out(y, scale)
-            dot = dot + _channel_sums(yq, r, self.ch_axis)
-            qq = qq + _channel_sums(yq, yq, self.ch_axis)
+            d, e = _block_sums(y, r, ch_axis, n_ch, quants)
+            dot += d
+            qq += e
         return dot, qq
 
     def act_step(self, factors: np.ndarray) -> tuple[float, float]:
@@ -389,36 +471,46 @@ class _Search:
         s0 = self.inits.get(q.scale)
         ys = self.outputs()
         cands = [np.maximum(s0 * np.float32(f), MIN_SCALE).astype(np.float32) for f in factors]
-        cos = [_cosine(*(float(x.sum()) for x in self.stats(ys, s)), self.ff) for s in cands]
+        group = self.sharing(q)
+        users = [u for member in group for u in self.bias_users.get(member.scale, [])]
+        valid = [k == 0 or all(_bias_fits(u.bias.value, s, self.inits.get(u.w_scale)).all() for u in users)
+                 for k, s in enumerate(cands)]
+        dot, qq = self.stats(ys, [self.quant(s) for s in cands], per_channel=False)
+        cos = [_cosine(d.sum(), e.sum(), self.ff) if ok else -np.inf for d, e, ok in zip(dot, qq, valid, strict=True)]
         best = int(np.argmax(cos))  # the first max: ties keep the current scale
         if best:
-            self.set_act_scale(q, cands[best])
+            for member in group:
+                self.inits.set(member.scale, cands[best])
+                self.changed.add(member.scale)
         return cos[0], cos[best]
 
-    def set_act_scale(self, q: _QDQ, scale: np.ndarray) -> None:
-        """New scale for ``q``'s tensor and for the passive ops that share its grid."""
-        old, zp = self.inits.get(q.scale).copy(), self.inits.get(q.zero_point)
-        self.inits.set(q.scale, scale)
-        self.changed.add(q.scale)
+    def sharing(self, q: _QDQ) -> list[_QDQ]:
+        """``q`` and the outputs of passive ops that share its grid (equal scale and zero point)."""
+        scale, zp = self.inits.get(q.scale), self.inits.get(q.zero_point)
+        group = [q]
         for reader in self.g.readers.get(q.output, []):
             if not getattr(QUANT_OPS.get(reader.op_type), "passive", False):
                 continue
             for o in reader.output:
                 dq = self.g.output_qdq(o)
-                if dq is None:
-                    continue
-                follower = self.g.qdq(dq)
-                if (np.array_equal(self.inits.get(follower.scale), old)
+                follower = self.g.qdq(dq) if dq is not None else None
+                if (follower is not None and np.array_equal(self.inits.get(follower.scale), scale)
                         and np.array_equal(self.inits.get(follower.zero_point), zp)):
-                    self.set_act_scale(follower, scale)
+                    group += self.sharing(follower)
+        return group
 
     def weight_step(self, factors: np.ndarray) -> tuple[float, float]:
         """Per-channel weight scales (factors x current), coordinate-wise on the exact cosine."""
         s0 = self.inits.get(self.layer.weight.qdq.scale)
         cands = [np.maximum(s0 * np.float32(f), MIN_SCALE).astype(np.float32) for f in factors]
-        stats = [self.stats(self.outputs(s)) for s in cands]
-        dot = np.stack([d for d, _ in stats])   # (candidates, channels)
-        qq = np.stack([e for _, e in stats])
+        stats = [self.stats(self.outputs(s if k else None), [self.quant()]) for k, s in enumerate(cands)]
+        dot = np.concatenate([d for d, _ in stats])   # (candidates, channels)
+        qq = np.concatenate([e for _, e in stats])
+        if self.layer.bias is not None:  # a bias beyond int32 on a candidate's grid rules it out
+            in_scale = self.inits.get(self.layer.inputs[0][1].scale)
+            for k, c in enumerate(cands[1:], 1):
+                fits = _bias_fits(self.layer.bias.value, in_scale, c)
+                dot[k, ~(fits if self.ch_axis is not None else fits.all(keepdims=True))] = -np.inf
         cols = np.arange(dot.shape[1])
 
         def objective(choice: np.ndarray) -> float:
@@ -427,7 +519,7 @@ class _Search:
         shared = [objective(np.full(len(cols), k)) for k in range(len(cands))]
         choice = np.full(len(cols), int(np.argmax(shared)))
         best = objective(choice)
-        for _ in range(10 * ASCENT_SWEEPS):
+        for _ in range(ASCENT_STEPS):
             # Stationarity of D / sqrt(Q): each channel maximises dot - D / (2Q) * energy.
             d, e = dot[choice, cols].sum(), qq[choice, cols].sum()
             if e <= 0:
@@ -437,14 +529,15 @@ class _Search:
             if value <= best:
                 break
             choice, best = proposal, value
-        new = np.stack(cands)[choice, cols] if s0.ndim else cands[int(choice[0])]
+        new = np.stack(cands)[choice, cols] if self.ch_axis is not None else cands[int(choice[0])]
         if not np.array_equal(new, s0):
             self.set_weight_scale(new)
-        return shared[0], max(best, shared[0])
+        return shared[0], best
 
     def set_weight_scale(self, scale: np.ndarray) -> None:
         c = self.layer.weight
         zp = self.inits.get(c.qdq.zero_point)
+        self.current = None
         self.inits.set(c.qdq.scale, scale)
         self.inits.set(c.q, _quantize_weight(c.value, scale, c.qdq.axis, self.inits.get(c.q).dtype, zp))
         self.changed.add(c.qdq.scale)
@@ -518,11 +611,15 @@ def easy_quant(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto, samples
         for name in [f for f, _ in layer.inputs.values()] + [layer.out]:
             last_use[name] = idx
     values = _FloatValues(float_model, samples, list(last_use))
+    bias_users: dict[str, list[_Layer]] = {}
+    for layer in layers:
+        if layer.bias is not None:
+            bias_users.setdefault(layer.inputs[0][1].scale, []).append(layer)
     changed: set[str] = set()
     reports = []
     for idx, layer in enumerate(layers):
         runner = _Runner(layer, qmodel, inits)
-        reports.append(_Search(layer, g, values, runner, changed).run(factors, rounds))
+        reports.append(_Search(layer, g, values, runner, changed, bias_users).run(factors, rounds))
         values.release([n for n, i in last_use.items() if i == idx])
         r = reports[-1]
         log.debug("easy_quant %s: cosine %.6f -> %.6f (act x%.3f, weight x%.3f)", r.layer, r.cosine_before,
@@ -532,3 +629,19 @@ def easy_quant(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto, samples
                  np.mean([r.cosine_before for r in reports]), np.mean([r.cosine_after for r in reports]),
                  time.perf_counter() - start)
     return qmodel, reports
+
+
+def update_params(params: dict[str, TensorQuant], qmodel: onnx.ModelProto) -> list[str]:
+    """Copy the scales ``easy_quant`` wrote into ``qmodel`` back into the per-tensor parameters that
+    quant_config.json is written from (zero points never change); returns the names updated."""
+    inits = {t.name: t for t in qmodel.graph.initializer}
+    updated = []
+    for name, tq in params.items():
+        t = inits.get(f"{name}/scale")
+        if t is None:
+            continue
+        scale = numpy_helper.to_array(t).astype(np.float32).reshape(np.shape(tq.scale))
+        if not np.array_equal(scale, tq.scale):
+            tq.scale = scale
+            updated.append(name)
+    return updated
