@@ -115,6 +115,11 @@ def test_calibration_statistics_are_cached(tmp_path, tiny, tiny_config):
     pulsar.build(tiny["model"], tmp_path / "b", tiny_config, {"work_dir": str(work),
                                                                "quant.calibration_method": "MSE"}, quiet=True)
     assert "cache hit" in (tmp_path / "b" / "build.log").read_text()
+    # ... and the cached build equals a fresh one with that method.
+    fresh = pulsar.build(tiny["model"], tmp_path / "c", tiny_config, {"work_dir": str(tmp_path / "fresh"),
+                                                                       "quant.calibration_method": "MSE"}, quiet=True)
+    assert "cache miss" in (tmp_path / "c" / "build.log").read_text()
+    assert fresh.quantized_model.read_bytes() == (tmp_path / "b" / "quant" / "quantized.onnx").read_bytes()
 
 
 def test_fp32_layer_config_keeps_the_layer_float(tmp_path, tiny, tiny_config):
