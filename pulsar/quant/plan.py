@@ -84,9 +84,8 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
     """Walk the (shape-inferred) float graph once and classify every tensor.
 
     ``precision`` (from ``layer_configs``) gives each node its activation / output / weight dtype;
-    FP32 nodes stay float whatever their op type. A tensor takes its producer's output dtype; a
-    tensor no quantized node produces (a graph input, a float op's output) takes the widest dtype
-    its quantized readers ask for. ``optimize`` False (quant.disable_quant_optimization) turns off
+    FP32 nodes stay float whatever their op type. A tensor takes the widest of its producer's output
+    dtype and its quantized readers' data_type (a 16-bit layer reads 16-bit inputs). ``optimize`` False (quant.disable_quant_optimization) turns off
     the quantization-time rewrites: Conv / Gemm + Relu / Clip fusion and passive ops sharing their
     input's scale. ``ln_scale_dtype`` S32 quantizes the Scale of a LayerNormalization on the NPU.
     """
@@ -101,21 +100,18 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
             consumers[i].append(n)
     graph_outputs = {o.name for o in g.output}
     plan = QuantPlan()
-    produced: set[str] = set()   # activations whose dtype their (quantized) producer fixed
     seen_const: set[str] = set()
     weight_names: set[str] = set()
 
-    def add_act(name: str, dtype: str, *, producer: bool) -> None:
+    def add_act(name: str, dtype: str) -> None:
         # A fused producer output (Conv feeding its Relu / Clip) lives only inside the fused op.
         if not name or name in inits or name in plan.fused or types.get(name) != FLOAT or dtype == "FP32":
             return
         if name not in plan.dtypes:
             plan.activations.append(name)
             plan.dtypes[name] = dtype
-        elif name not in produced and BITS[dtype] > BITS[plan.dtypes[name]]:
-            plan.dtypes[name] = dtype
-        if producer:
-            produced.add(name)
+        elif BITS[dtype] > BITS[plan.dtypes[name]]:
+            plan.dtypes[name] = dtype  # stored once, at the widest precision its producer or readers need
 
     for node in g.node:
         prec = precision.get(node.name, default)
@@ -129,7 +125,7 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
         if rule.passive:
             src = node.input[0]
             for out in node.output:
-                add_act(out, plan.dtypes[src], producer=True)
+                add_act(out, plan.dtypes[src])
                 if optimize and out in plan.dtypes and plan.dtypes[out] == plan.dtypes[src]:
                     plan.shared[out] = src
             continue
@@ -160,7 +156,7 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
                     plan.constants.append(name)
                     plan.dtypes[name] = "S16" if BITS[prec.data_type] == 16 else "S8"
             else:
-                add_act(name, prec.data_type, producer=False)
+                add_act(name, prec.data_type)
         for out in node.output:
             users = consumers.get(out, [])
             if (optimize and rule.fusable_activation and out not in graph_outputs and len(users) == 1
@@ -168,7 +164,9 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
                     and precision.get(users[0].name, default).data_type != "FP32"):
                 plan.fused[out] = users[0].name
                 continue
-            add_act(out, prec.output, producer=True)
+            add_act(out, prec.output)
+    # A reader may have widened one side of a passive op after the fact: only equal grids are shared.
+    plan.shared = {o: i for o, i in plan.shared.items() if plan.dtypes.get(o) == plan.dtypes.get(i)}
     # A constant may be both a weight somewhere and an operand elsewhere: keep it a weight only.
     plan.constants = [c for c in plan.constants if c not in weight_names]
     plan.biases = [b for b in plan.biases if b.tensor not in weight_names and b.tensor not in seen_const]

@@ -137,13 +137,13 @@ def _dtypes(res) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("layer_configs,highest,expect", [
-    # a named layer beats its op type; a tensor takes its producer's output dtype
+    # a named layer beats its op type; a tensor takes the widest of its producer's and readers' dtypes
     ([{"op_type": "Conv", "data_type": "S16", "weight_data_type": "S16"},
       {"layer_name": "conv2", "data_type": "U8"}],
-     False, {"image": "S16", "c2": "U8", "dw.w": "S16", "c2.w": "S8", "fc.w": "S8", "r1": "U8"}),
-    # a subgraph between two tensors
+     False, {"image": "S16", "c2": "U8", "dw.w": "S16", "c2.w": "S8", "fc.w": "S8", "r1": "S16", "r2": "U8"}),
+    # a subgraph between two tensors (its first layers read r1, so r1 is 16-bit too)
     ([{"start_tensor_names": ["r1"], "end_tensor_names": ["res"], "data_type": "U16"}],
-     False, {"r2": "U16", "c2": "U16", "res": "U16", "r1": "U8", "gap": "U8"}),
+     False, {"r2": "U16", "c2": "U16", "res": "U16", "r1": "U16", "gap": "U8"}),
     # FP32 output and weights of one layer; everything else 16 bits
     ([{"op_type": "Gemm", "data_type": "U8", "output_data_type": "FP32", "weight_data_type": "FP32"}],
      True, {"image": "U16", "res": "U16", "gap": "U16"}),
