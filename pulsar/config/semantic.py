@@ -28,7 +28,6 @@ def check_against_model(cfg: Any, model: onnx.ModelProto, source: str = "config"
     inputs = [i.name for i in g.input if i.name not in inits]
     outputs = [o.name for o in g.output]
     nodes = [n.name for n in g.node]
-    op_types = sorted({n.op_type for n in g.node})
     tensors = set(inputs) | {o for n in g.node for o in n.output} | inits
     constants = inits | {n.output[0] for n in g.node if n.op_type == "Constant"}
     problems: list[str] = []
@@ -44,15 +43,6 @@ def check_against_model(cfg: Any, model: onnx.ModelProto, source: str = "config"
             problems.append(f"quant.input_configs[{i}].calibration_dataset: '{ic.calibration_dataset}' does not "
                             "exist (a directory, .tar, .tar.gz or .zip; relative paths start at the current "
                             "directory)")
-    for i, lc in enumerate(cfg.quant.layer_configs):
-        base = f"quant.layer_configs[{i}]"
-        for n in _names_list(lc.layer_name) + _names_list(lc.layer_names):
-            need(f"{base}.layer_name", n, nodes, "a layer (node name)")
-        for t in _names_list(lc.op_type) + _names_list(lc.op_types):
-            need(f"{base}.op_type", t, op_types, "an op type")
-        for key in ("start_tensor_names", "end_tensor_names"):
-            for t in _names_list(getattr(lc, key)):
-                need(f"{base}.{key}", t, tensors, "a tensor", True)
     for i, p in enumerate(cfg.input_processors):
         need(f"input_processors[{i}].tensor_name", p.tensor_name, inputs, "an input", True)
     for i, p in enumerate(cfg.output_processors):
@@ -68,5 +58,28 @@ def check_against_model(cfg: Any, model: onnx.ModelProto, source: str = "config"
     if not cfg.quant.input_configs:
         problems.append("quant.input_configs: empty; give calibration data for each input, e.g. "
                         '[{"tensor_name": "DEFAULT", "calibration_dataset": "calib/", "calibration_format": "Numpy"}]')
+    if problems:
+        raise ConfigError(problems, source)
+
+
+def check_layer_configs(cfg: Any, model: onnx.ModelProto, source: str = "config") -> None:
+    """quant.layer_configs name layers, op types and tensors of the OPTIMIZED graph (the one that is
+    quantized: fusions rename and remove nodes), so they are checked after the frontend; an entry
+    that matches nothing is an error."""
+    g = model.graph
+    nodes = [n.name for n in g.node]
+    op_types = sorted({n.op_type for n in g.node})
+    tensors = {i.name for i in g.input} | {o for n in g.node for o in n.output} | {t.name for t in g.initializer}
+    problems = []
+    where = "of the optimized model (names as in frontend/optimized.onnx)"
+    for i, lc in enumerate(cfg.quant.layer_configs):
+        base = f"quant.layer_configs[{i}]"
+        checks = [("layer_name", n, nodes, "a layer") for n in _names_list(lc.layer_name) + _names_list(lc.layer_names)]
+        checks += [("op_type", t, op_types, "an op type") for t in _names_list(lc.op_type) + _names_list(lc.op_types)]
+        checks += [(key, t, tensors, "a tensor") for key in ("start_tensor_names", "end_tensor_names")
+                   for t in _names_list(getattr(lc, key)) if t != DEFAULT]
+        for key, name, pool, what in checks:
+            if name not in pool:
+                problems.append(f"{base}.{key}: '{name}' is not {what} {where}{did_you_mean(name, pool)}")
     if problems:
         raise ConfigError(problems, source)

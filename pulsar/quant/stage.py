@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from pulsar.config.semantic import check_layer_configs
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
 from pulsar.frontend.patch import apply_op_processors
@@ -288,6 +289,7 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
         stats = collect_statistics(model, calibration_tensors(model), data,
                                    progress=lambda n: bar.update(task, completed=n),
                                    cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, data))
+    check_layer_configs(ctx.cfg, model)
     show_layer_config_table(q.layer_configs, ctx.quiet)
     precision = resolve_layer_precision(q.layer_configs, model, highest_mix_precision=q.highest_mix_precision,
                                         transformer_opt_level=q.transformer_opt_level)
