@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 
 
@@ -64,3 +65,33 @@ MANUAL_OPS: dict[str, OpRule] = {op: OpRule() for op in (
 
 # Activations an NPU computes inside the producing op's requantization step.
 FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
+
+# Element-wise functions of one tensor that an NPU evaluates as one lookup table: a chain of them
+# (HardSwish -> Mul by a scalar -> Add a scalar, the "learnable affine" blocks of PP-LCNet) is a
+# single table, so only the chain's output is quantized, not each link.
+UNARY_LUT_OPS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu"})
+SCALAR_ARITHMETIC = {"Mul": (0, 1), "Add": (0, 1), "Sub": (1,), "Div": (1,)}  # op -> where the scalar may be
+
+
+def scalar_operand_input(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> int | None:
+    """For Mul / Add / Sub / Div of a tensor and a float scalar constant: the tensor's input index.
+
+    Such an op is a unary function of its tensor input: the scalar is folded into the requantization
+    multiplier or a lookup table, never quantized on its own (an S8 scalar would be off by up to 0.4%)."""
+    places = SCALAR_ARITHMETIC.get(node.op_type)
+    if places is None or len(node.input) != 2:
+        return None
+    for k in places:
+        c = inits.get(node.input[k])
+        other = node.input[1 - k]
+        if c is not None and other not in inits and c.data_type == onnx.TensorProto.FLOAT \
+                and int(np.prod(c.dims, dtype=np.int64)) == 1:
+            return 1 - k
+    return None
+
+
+def is_unary_lut(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
+    """Whether ``node`` is an element-wise function of a single tensor (see UNARY_LUT_OPS)."""
+    if node.op_type in UNARY_LUT_OPS:
+        return node.op_type != "Clip" or all(i in inits or not i for i in node.input[1:])
+    return scalar_operand_input(node, inits) is not None

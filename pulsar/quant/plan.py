@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 import onnx
 
 from pulsar.quant.layer_configs import NodePrecision
-from pulsar.quant.ops import FUSED_ACTIVATIONS, MANUAL_OPS, QUANT_OPS, OpRule
+from pulsar.quant.ops import (
+    FUSED_ACTIVATIONS,
+    MANUAL_OPS,
+    QUANT_OPS,
+    OpRule,
+    is_unary_lut,
+    scalar_operand_input,
+)
 from pulsar.quant.scheme import BITS
 
 FLOAT = onnx.TensorProto.FLOAT
@@ -38,6 +45,7 @@ class QuantPlan:
     weights: list[WeightUse] = field(default_factory=list)
     biases: list[BiasUse] = field(default_factory=list)
     fused: dict[str, str] = field(default_factory=dict)    # skipped producer output -> fused activation node
+    epilogues: dict[str, str] = field(default_factory=dict)  # 16-bit internal output -> first op of its LUT chain
     quantized_nodes: list[str] = field(default_factory=list)
     float_nodes: list[str] = field(default_factory=list)   # ops this version runs in float
     dtypes: dict[str, str] = field(default_factory=dict)   # activation / constant -> U8 | S8 | U16 | S16
@@ -64,6 +72,9 @@ def _rule_for(node: onnx.NodeProto, prec: NodePrecision, plan: QuantPlan,
     node with, or None to keep it on the CPU in float, and why."""
     if prec.data_type == "FP32":
         return None, "layer_configs data_type FP32"
+    scalar_in = scalar_operand_input(node, inits)
+    if scalar_in is not None:
+        return OpRule(data_inputs=(scalar_in,)), "active: arithmetic with a scalar constant (folded into the rescale)"
     rule = QUANT_OPS.get(node.op_type)
     if rule is not None and rule.passive:
         if node.input and node.input[0] in plan.dtypes:
@@ -102,6 +113,16 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
     plan = QuantPlan()
     seen_const: set[str] = set()
     weight_names: set[str] = set()
+
+    def fusion_target(out: str) -> onnx.NodeProto | None:
+        """The single quantized consumer ``out`` may be fused into (None: quantize ``out``)."""
+        users = consumers.get(out, [])
+        if not optimize or out in graph_outputs or len(users) != 1:
+            return None
+        nxt = users[0]
+        if precision.get(nxt.name, default).data_type == "FP32":
+            return None
+        return nxt if nxt.op_type in FUSED_ACTIVATIONS or is_unary_lut(nxt, inits) else None
 
     def add_act(name: str, dtype: str) -> None:
         # A fused producer output (Conv feeding its Relu / Clip) lives only inside the fused op.
@@ -158,12 +179,21 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
             else:
                 add_act(name, prec.data_type)
         for out in node.output:
-            users = consumers.get(out, [])
-            if (optimize and rule.fusable_activation and out not in graph_outputs and len(users) == 1
-                    and users[0].op_type in FUSED_ACTIVATIONS
-                    and precision.get(users[0].name, default).data_type != "FP32"):
-                plan.fused[out] = users[0].name
+            nxt = fusion_target(out)
+            if nxt is not None and rule.fusable_activation and nxt.op_type in FUSED_ACTIVATIONS \
+                    and fusion_target(nxt.output[0]) is None:
+                plan.fused[out] = nxt.name  # a clamp inside the requantization: nothing to quantize
                 continue
+            if nxt is not None and is_unary_lut(nxt, inits):
+                if is_unary_lut(node, inits):
+                    plan.fused[out] = nxt.name  # inside a lookup-table chain
+                    continue
+                if rule.fusable_activation:
+                    # The op and the table that follows are one NPU op; the value between them never
+                    # leaves it and is kept at 16 bits.
+                    plan.epilogues[out] = nxt.name
+                    add_act(out, prec.output if BITS[prec.output] == 16 else "U16")
+                    continue
             add_act(out, prec.output)
     # A reader may have widened one side of a passive op after the fact: only equal grids are shared.
     plan.shared = {o: i for o, i in plan.shared.items() if plan.dtypes.get(o) == plan.dtypes.get(i)}

@@ -21,6 +21,7 @@ from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.algorithms import auto_mixed_precision
 from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
 from pulsar.quant.algorithms.easy_quant import easy_quant, update_params
+from pulsar.quant.algorithms.refine_scale import refine_input_ranges
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
@@ -171,14 +172,19 @@ def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: di
     ctx.artifacts["precision analysis graph (mermaid)"] = mpath
 
 
-def activation_ranges(stats: dict[str, Any], plan: QuantPlan, method: str) -> dict[str, tuple[float, float]]:
-    """Ranges per activation, chosen for the grid its dtype gives (8 / 16 bits, signed ones symmetric)."""
+def activation_ranges(stats: dict[str, Any], plan: QuantPlan, q: Any,
+                      model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
+    """Ranges per activation, chosen for the grid its dtype gives (8 / 16 bits, signed ones symmetric)
+    by ``q.calibration_method``, then refined (unless ``q.disable_auto_refine_scale``)."""
     ranges: dict[str, tuple[float, float]] = {}
     own = [a for a in plan.activations if a not in plan.shared]
     for dtype in sorted({plan.dtypes[a] for a in own}):
         names = {a: stats[a] for a in own if plan.dtypes[a] == dtype}
         signed = DTYPES[dtype][2]
-        ranges.update(compute_ranges(names, method, num_bits=BITS[dtype], signed=signed, symmetric=signed))
+        ranges.update(compute_ranges(names, q.calibration_method, num_bits=BITS[dtype], signed=signed,
+                                     symmetric=signed, percentile=q.calibration_percentile))
+    if not q.disable_auto_refine_scale:
+        refine_input_ranges(model, plan, stats, ranges)
     for a in plan.shared:
         ranges[a] = ranges[plan.dominator(a)]  # passive outputs: their input's grid, no requantization
     return ranges
@@ -228,8 +234,8 @@ def run_auto_mixed_precision(ctx: BuildContext, precision: dict[str, NodePrecisi
 
     def export(layers: list[str]) -> onnx.ModelProto:
         plan = make_plan(model, _raised(precision, layers, amp.data_type, fused_into), **plan_kw(ctx.cfg.quant))
-        return export_qdq(model, plan, activation_ranges(stats, plan, ctx.cfg.quant.calibration_method),
-                          **export_kw)[0]
+        ranges = activation_ranges(stats, plan, ctx.cfg.quant, model)
+        return export_qdq(model, plan, ranges, **export_kw)[0]
 
     layers, trials, ranking = auto_mixed_precision.search(model, export, samples, candidates,
                                                           max_layers=amp.max_16bit_layers,
@@ -301,8 +307,8 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     log.info("quantizing %d ops (%d activations, %d weights, %d biases); %d ops stay float",
              len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),
              len(plan.float_nodes))
-    qmodel, params = export_qdq(model, plan, activation_ranges(stats, plan, q.calibration_method), **export_kw,
-                                fixed=ctx.imported)
+    ranges = activation_ranges(stats, plan, q, model)
+    qmodel, params = export_qdq(model, plan, ranges, **export_kw, fixed=ctx.imported)
     if ctx.imported:
         kept = sum(1 for t in params if t in ctx.imported)
         log.info("QuantONNX input: %d tensors keep their imported scales, %d calibrated", kept, len(params) - kept)

@@ -250,7 +250,7 @@ def test_table(built: dict, tmp_path: Path) -> None:
         assert col in lines[1]
     assert len(lines) == 3 + len(rows)
     bad_line = next(line for line in lines[3:] if line.startswith(BAD + " "))
-    assert "1x8x16x16" in bad_line and "U8" in bad_line
+    assert "1x8x16x16" in bad_line and "U16" in bad_line  # Add + Sigmoid: a 16-bit epilogue input
     assert not list(tmp_path.glob("sub/.*.tmp"))
     rows[0].node = "conv[red]1"  # rich markup characters are shown as written
     t = precision_table(rows, "PerLayer")
