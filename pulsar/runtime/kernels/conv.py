@@ -1,0 +1,244 @@
+"""QConv / QConvTranspose: exact integer convolutions computed by torch's float kernels.
+
+The accumulation ``sum (x - x_zp) * w`` runs in float32 when every partial sum is provably an
+integer of magnitude below 2**24 (bound = max over output channels of sum|w_c| * max|x - x_zp|,
+first from the input dtype, then from the actual data), otherwise in float64 (exact below 2**53);
+the bias and the requantization then run in :class:`Requant` (float64 when its bound proves that
+exact, else int64). Padding is applied to ``x - x_zp``, so the padding value is the zero point
+(real 0); a convolution without padding sums the raw ``x`` instead and folds ``- x_zp * sum(w_c)`` into
+the bias, when the raw bound keeps float32 exact (one pass less). 2-D convolutions run channels-last (torch's fastest CPU layout; the summation order does
+not matter for exact integer sums), and their outputs keep that memory layout: a numpy array of the
+logical NCHW shape with NHWC strides, which the next convolution reads without a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pulsar.errors import PulsarError
+from pulsar.runtime.kernels import INT_DOMAIN, Kernel, register
+from pulsar.runtime.kernels.common import (
+    FLOAT32_EXACT,
+    OutSpec,
+    Requant,
+    accum_float,
+    as_int64,
+    centered_bound,
+    channel_param,
+    check_shift,
+    data_bound,
+    int_attr,
+    ints_attr,
+    scratch,
+    str_attr,
+    to_torch,
+)
+
+
+def spatial_attr(attrs: dict[str, Any], name: str, nd: int, default: int) -> list[int]:
+    value = ints_attr(attrs, name) or [default] * nd
+    if len(value) != nd:
+        raise PulsarError(f"attribute {name!r} has {len(value)} values; expected {nd} for a {nd}-D op")
+    return value
+
+
+def conv_geometry(attrs: dict[str, Any], nd: int) -> tuple[list[int], list[int], list[int]]:
+    """(strides, pads [begin..., end...], dilations) of a conv-like node."""
+    if str_attr(attrs, "auto_pad", "NOTSET") != "NOTSET":
+        raise PulsarError("auto_pad is not supported in NPU bodies; the lowering writes explicit pads")
+    pads = ints_attr(attrs, "pads") or [0] * (2 * nd)
+    if len(pads) != 2 * nd or min(pads) < 0:
+        raise PulsarError(f"attribute 'pads' = {pads} must hold {2 * nd} non-negative values")
+    return spatial_attr(attrs, "strides", nd, 1), pads, spatial_attr(attrs, "dilations", nd, 1)
+
+
+def pad_tensor(xt: Any, begin: list[int], end: list[int], value: float = 0.0) -> Any:
+    """torch F.pad with ONNX-ordered (begin, end) spatial pads (torch wants last axis first)."""
+    import torch.nn.functional as F
+
+    flat = [p for i in reversed(range(len(begin))) for p in (begin[i], end[i])]
+    return F.pad(xt, flat, value=value) if any(flat) else xt
+
+
+class _Weights:
+    """Everything derived once from (w, bias, M, N) and the attributes: geometry, torch weights,
+    |w| sums, requantizers."""
+
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None, m: np.ndarray, n: np.ndarray,
+                 spec: OutSpec, attrs: dict[str, Any], transposed: bool) -> None:
+        w = as_int64(w, "weight")
+        if not 3 <= w.ndim <= 5:
+            raise PulsarError(f"weight has shape {w.shape}; expected [C, C', k...] with 1 to 3 spatial axes")
+        self.nd = w.ndim - 2
+        self.group = group = int_attr(attrs, "group", 1)
+        self.strides, self.pads, self.dilations = conv_geometry(attrs, self.nd)
+        self.transposed = transposed
+        self.out_pad = spatial_attr(attrs, "output_padding", self.nd, 0) if transposed else None
+        absw = np.abs(w)
+        if transposed:  # [Cin, Cout/g, k...] -> per output channel
+            cin, cpg = w.shape[:2]
+            if cin % group:
+                raise PulsarError(f"weight has {cin} input channels, not divisible by group {group}")
+            sums = absw.reshape(group, cin // group, cpg, -1).sum(axis=(1, 3)).reshape(-1)
+        else:
+            sums = absw.reshape(w.shape[0], -1).sum(axis=1)
+        self.sumabs = sums.astype(np.int64)
+        # sum of w_c (signed), for folding a zero point into the bias; only for unpadded convolutions
+        self.unpadded = not transposed and not any(self.pads)
+        self.sumw = w.reshape(w.shape[0], -1).sum(axis=1) if self.unpadded else None
+        self.top = int(self.sumabs.max()) if self.sumabs.size else 0  # the largest sum |w_c|
+        self.cout = int(self.sumabs.size)
+        self.w = w
+        self.spec = spec
+        self.bias = channel_param(bias, "bias", self.cout, self.nd)
+        self.m = channel_param(m, "M", self.cout, self.nd)
+        self.n = check_shift(channel_param(n, "N", self.cout, self.nd))
+        self._torch_w: dict[str, Any] = {}
+        self._rq: dict[tuple[int, int], Requant] = {}
+        self._plans: dict[np.dtype, tuple[int, str | None, Requant]] = {}
+
+    @property
+    def channels_last(self) -> bool:
+        """2-D convolutions run in torch's channels-last layout."""
+        return self.nd == 2 and not self.transposed
+
+    def weight(self, kind: str) -> Any:
+        if kind not in self._torch_w:
+            import torch
+
+            wt = torch.from_numpy(self.w.astype(kind))
+            if self.channels_last:
+                wt = wt.contiguous(memory_format=torch.channels_last)
+            self._torch_w[kind] = wt
+        return self._torch_w[kind]
+
+    def requant(self, xmax: int, zp_in_bias: int = 0) -> Requant:
+        """Requantizer for accumulators of inputs with max |x| <= xmax (its bound proves the fast
+        forms); ``zp_in_bias``: the sums ran on the raw x, so ``- zp * sum(w_c)`` joins the bias."""
+        key = (xmax, zp_in_bias)
+        if key not in self._rq:
+            bound = self.sumabs.reshape((-1,) + (1,) * self.nd) * xmax
+            bias = self.bias
+            if zp_in_bias:
+                assert self.sumw is not None
+                shift = channel_param(-zp_in_bias * self.sumw, "bias", self.cout, self.nd)
+                bias = shift if bias is None else bias + shift
+            self._rq[key] = Requant(self.m, self.n, self.spec, bias, bound)
+        return self._rq[key]
+
+    def accumulate(self, xt: Any, kind: str) -> Any:
+        """The exact integer sums as a float torch tensor (``xt`` is ``x - x_zp`` in float ``kind``).
+
+        No autograd context is needed: neither operand requires a gradient."""
+        import torch.nn.functional as F
+
+        nd, wt = self.nd, self.weight(kind)
+        if self.transposed:
+            return _conv_transpose(F, xt, wt, self.strides, self.pads, self.dilations, self.group, self.out_pad)
+        begin, end = self.pads[:nd], self.pads[nd:]
+        padding: Any = begin
+        if begin != end:
+            xt, padding = pad_tensor(xt, begin, end), 0
+        conv = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
+        return conv(xt, wt, None, self.strides, padding, self.dilations, self.group)
+
+    def accumulate_as(self, x: np.ndarray, x_zp: int) -> tuple[str, int]:
+        """(float dtype for the accumulation, operand bound of the dtype) for input ``x``."""
+        xmax = centered_bound(x.dtype, x_zp) if x.dtype.kind in "iu" else 0
+        if self.top * xmax < FLOAT32_EXACT:
+            return "float32", xmax
+        return accum_float(self.top * data_bound(x, x_zp), "QConv accumulator"), xmax
+
+    def plan(self, dtype: np.dtype, x_zp: int) -> tuple[int, str | None, Requant]:
+        """How inputs of ``dtype`` run: (zero point subtracted from x, float kind of the sums, or None
+        when the dtype's bound is too large for float32 and the data decide, requantizer)."""
+        if dtype not in self._plans:
+            if dtype.kind not in "iu":
+                raise PulsarError(f"input has dtype {dtype}; NPU activations are integer tensors")
+            raw = centered_bound(dtype, 0)
+            xmax = centered_bound(dtype, x_zp)
+            if x_zp and self.unpadded and self.top * raw < FLOAT32_EXACT:  # raw codes, zp into the bias
+                self._plans[dtype] = (0, "float32", self.requant(raw, x_zp))
+            else:
+                kind = "float32" if self.top * xmax < FLOAT32_EXACT else None
+                self._plans[dtype] = (x_zp, kind, self.requant(xmax))
+        return self._plans[dtype]
+
+
+def centered_float(x: np.ndarray, zp: int, kind: str, channels_last: bool = False,
+                   scratch_key: str | None = None) -> Any:
+    """A new torch tensor of ``x - zp`` in float ``kind`` (exact: |x - zp| < 2**17), in channels-last
+    memory layout when asked (4-D only); the cast and the relayout are one copy. With ``scratch_key``
+    the tensor lives in that per-thread scratch buffer (see :func:`scratch`)."""
+    import torch
+
+    if x.dtype.kind not in "iu":
+        raise PulsarError(f"input has dtype {x.dtype}; NPU activations are integer tensors")
+    src = to_torch(x)
+    dtype = getattr(torch, kind)
+    cl = channels_last and x.ndim == 4
+    if scratch_key is not None:
+        xt = scratch(scratch_key, tuple(x.shape), dtype, channels_last=cl)
+        xt.copy_(src)
+    else:
+        xt = src.to(dtype=dtype, memory_format=torch.channels_last if cl else torch.preserve_format, copy=True)
+    if zp:
+        xt -= zp
+    return xt
+
+
+def _make(attrs: dict[str, Any], consts: list[np.ndarray | None], transposed: bool) -> Kernel:
+    spec = OutSpec.from_attrs(attrs)
+    x_zp = int_attr(attrs, "x_zp", 0)
+    if transposed and attrs.get("output_shape") is not None:
+        raise PulsarError("QConvTranspose: attribute output_shape is not supported; write pads / output_padding")
+    consts = list(consts) + [None] * (5 - len(consts))
+    prepared: _Weights | None = None
+    if consts[1] is not None and consts[3] is not None and consts[4] is not None:
+        prepared = _Weights(consts[1], consts[2], consts[3], consts[4], spec, attrs, transposed)
+
+    def run(inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x, w, b, m, n = (list(inputs) + [None] * 5)[:5]
+        core = prepared
+        if core is None or (b is not None and consts[2] is None):  # run-time weights or bias
+            if w is None or m is None or n is None:
+                raise PulsarError("inputs x, w, M and N are required")
+            core = _Weights(w, b, m, n, spec, attrs, transposed)
+        if x is None or x.ndim != core.nd + 2:
+            raise PulsarError(f"input has shape {None if x is None else x.shape}; expected rank {core.nd + 2} "
+                              f"for weight {core.w.shape}")
+        sub_zp, kind, rq = core.plan(x.dtype, x_zp)
+        if kind is None:
+            kind = accum_float(core.top * data_bound(x, x_zp), "QConv accumulator")
+        acc = core.accumulate(centered_float(x, sub_zp, kind, core.channels_last, "conv_in"), kind)
+        return [rq.torch(acc)]
+
+    return run
+
+
+def _conv_transpose(F: Any, xt: Any, wt: Any, strides: list[int], pads: list[int], dilations: list[int],
+                    group: int, out_pad: list[int]) -> Any:
+    """ONNX ConvTranspose: the full transposed conv, ``out_pad`` zeros at the end, then the pads cropped."""
+    nd = len(strides)
+    fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[nd - 1]
+    full = fn(xt, wt, None, strides, 0, 0, group, dilations)
+    full = pad_tensor(full, [0] * nd, out_pad)
+    index = [slice(None), slice(None)]
+    for i in range(nd):
+        size = full.shape[2 + i] - pads[i] - pads[nd + i]
+        if size <= 0:
+            raise PulsarError(f"pads {pads} leave no output along spatial axis {i}")
+        index.append(slice(pads[i], pads[i] + size))
+    return full[tuple(index)]
+
+
+@register("QConv", domain=INT_DOMAIN)
+def make_qconv(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kernel:
+    return _make(attrs, consts, transposed=False)
+
+
+@register("QConvTranspose", domain=INT_DOMAIN)
+def make_qconv_transpose(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kernel:
+    return _make(attrs, consts, transposed=True)

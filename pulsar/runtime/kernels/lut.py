@@ -1,0 +1,83 @@
+"""QLut: any unary elementwise function as a table the compiler built from the scales.
+
+8-bit input: ``y = table[x - qmin]`` (256 entries). 16-bit input with ``step_bits = s``: knots every
+``2**s`` codes, ``y = T[i] + rshift_round((T[i+1] - T[i]) * f, s)`` with ``i = u >> s``,
+``f = u & (2**s - 1)``. Either way the result only depends on the input code, so the kernel expands
+the table once per input dtype to one entry per code and each call is a single gather.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pulsar.compiler.fixedpoint import rshift_round
+from pulsar.errors import PulsarError
+from pulsar.runtime.kernels import INT_DOMAIN, Kernel, register
+from pulsar.runtime.kernels.common import OutSpec, as_int64, int_attr
+
+
+def expand_table(table: np.ndarray, step_bits: int, codes: int) -> np.ndarray:
+    """int64 value of the (interpolated) table at every code u in [0, codes)."""
+    t = as_int64(table, "table").reshape(-1)
+    if not 0 <= step_bits <= 16:
+        raise PulsarError(f"step_bits = {step_bits} must be in [0, 16]")
+    need = codes if step_bits == 0 else ((codes - 1) >> step_bits) + 2
+    if t.size < need:
+        raise PulsarError(f"table has {t.size} entries; a {codes}-code input with step_bits {step_bits} needs {need}")
+    u = np.arange(codes, dtype=np.int64)
+    if step_bits == 0:
+        return t[u]
+    i = u >> step_bits
+    f = u & ((1 << step_bits) - 1)
+    return t[i] + rshift_round((t[i + 1] - t[i]) * f, step_bits)
+
+
+def code_index(x: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """(unsigned view of x, number of codes, roll) so that ``rolled[view] == table[x - qmin]``."""
+    if x.dtype.kind not in "iu" or x.dtype.itemsize > 2:
+        raise PulsarError(f"input has dtype {x.dtype}; table lookups take 8- or 16-bit integer tensors")
+    codes = 1 << (8 * x.dtype.itemsize)
+    if x.dtype.kind == "u":
+        return x, codes, 0
+    # a signed code v sits at u = v + codes/2; its unsigned view is v mod codes
+    return x.view(np.dtype(f"uint{8 * x.dtype.itemsize}")), codes, codes // 2
+
+
+class CodeTable:
+    """A table expanded per input dtype into a gather indexed by the unsigned view of the input."""
+
+    def __init__(self, table: np.ndarray, step_bits: int, post: Any) -> None:
+        self.table, self.step_bits, self.post = table, step_bits, post
+        self._by_dtype: dict[str, np.ndarray] = {}
+
+    def lookup(self, x: np.ndarray) -> np.ndarray:
+        view, codes, roll = code_index(x)
+        key = x.dtype.name
+        if key not in self._by_dtype:
+            full = self.post(expand_table(self.table, self.step_bits, codes))
+            self._by_dtype[key] = np.roll(full, -roll) if roll else full
+        return np.take(self._by_dtype[key], view)
+
+
+@register("QLut", domain=INT_DOMAIN)
+def make_qlut(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kernel:
+    """y = clamp(table lookup of x - qmin, out_min, out_max); the table already holds out_zp."""
+    spec = OutSpec.from_attrs(attrs)
+    step_bits = int_attr(attrs, "step_bits", 0)
+
+    def post(values: np.ndarray) -> np.ndarray:
+        return np.clip(values, spec.lo, spec.hi).astype(spec.dtype)
+
+    table_const = consts[1] if len(consts) > 1 else None
+    prepared = CodeTable(table_const, step_bits, post) if table_const is not None else None
+
+    def run(inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x, table = inputs[0], inputs[1] if len(inputs) > 1 else None
+        if x is None or table is None:
+            raise PulsarError("inputs x and table are required")
+        lut = prepared if prepared is not None and table is table_const else CodeTable(table, step_bits, post)
+        return [lut.lookup(x)]
+
+    return run

@@ -1,0 +1,106 @@
+"""QMatMul: ``matmul(a - a_zp, (b - b_zp)[^T]) + bias``, requantized per output column.
+
+Like QConv, the products are summed by torch in float32 when every partial sum is provably an integer
+below 2**24 (constant b: max over columns of sum|b_col| * max|a - a_zp|; activation b:
+K * max|a - a_zp| * max|b - b_zp|, from the dtypes and then from the data), otherwise in float64.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pulsar.errors import PulsarError
+from pulsar.runtime.kernels import INT_DOMAIN, Kernel, register
+from pulsar.runtime.kernels.common import (
+    FLOAT32_EXACT,
+    OutSpec,
+    Requant,
+    accum_float,
+    as_int64,
+    centered_bound,
+    channel_param,
+    data_bound,
+    int_attr,
+)
+from pulsar.runtime.kernels.conv import centered_float
+
+
+def _oriented(b: np.ndarray, trans_b: bool) -> np.ndarray:
+    return np.swapaxes(b, -1, -2) if trans_b and b.ndim >= 2 else b
+
+
+class _ConstB:
+    """A weight operand converted once: centered, oriented [..., K, Nout], column |.| sums."""
+
+    def __init__(self, b: np.ndarray, b_zp: int, trans_b: bool) -> None:
+        centered = _oriented(as_int64(b, "b") - b_zp, trans_b)
+        self.b = np.ascontiguousarray(centered)
+        absb = np.abs(self.b)
+        if self.b.ndim == 1:
+            self.colsum = absb.sum(keepdims=True)
+        else:
+            self.colsum = absb.sum(axis=-2).reshape(-1, absb.shape[-1]).max(axis=0)
+        self._torch: dict[str, Any] = {}
+
+    def weight(self, kind: str) -> Any:
+        if kind not in self._torch:
+            import torch
+
+            self._torch[kind] = torch.from_numpy(self.b.astype(kind))
+        return self._torch[kind]
+
+
+@register("QMatMul", domain=INT_DOMAIN)
+def make_qmatmul(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kernel:
+    import torch
+
+    spec = OutSpec.from_attrs(attrs)
+    a_zp, b_zp = int_attr(attrs, "a_zp", 0), int_attr(attrs, "b_zp", 0)
+    trans_b = bool(int_attr(attrs, "trans_b", 0))
+    consts = list(consts) + [None] * (5 - len(consts))
+    const_b = _ConstB(consts[1], b_zp, trans_b) if consts[1] is not None else None
+    requants: dict[tuple, Requant] = {}
+
+    def requantizer(key: tuple, channels: int, bound: np.ndarray, bias: Any, m: Any, n: Any) -> Requant:
+        cacheable = bias is consts[2] and m is consts[3] and n is consts[4]
+        if cacheable and key in requants:
+            return requants[key]
+        rq = Requant(channel_param(m, "M", channels, 0), channel_param(n, "N", channels, 0), spec,
+                     channel_param(bias, "bias", channels, 0), bound)
+        if cacheable:
+            requants[key] = rq
+        return rq
+
+    def run(inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        a, b, bias, m, n = (list(inputs) + [None] * 5)[:5]
+        if a is None or b is None or m is None or n is None:
+            raise PulsarError("inputs a, b, M and N are required")
+        amax = centered_bound(a.dtype, a_zp)
+        if const_b is not None and b is consts[1]:
+            cb = const_b
+            top = int(cb.colsum.max()) if cb.colsum.size else 0
+            kind = "float32" if top * amax < FLOAT32_EXACT else accum_float(top * data_bound(a, a_zp),
+                                                                            "QMatMul accumulator")
+            at = centered_float(a, a_zp, kind)
+            bt = cb.weight(kind)
+            channels = cb.colsum.size
+            rq = requantizer(("const", amax), channels, cb.colsum * amax, bias, m, n)
+        else:
+            k = b.shape[-1] if (trans_b and b.ndim >= 2) else b.shape[-2] if b.ndim >= 2 else b.shape[0]
+            bmax = centered_bound(b.dtype, b_zp)
+            bound = k * amax * bmax
+            kind = "float32" if bound < FLOAT32_EXACT else accum_float(
+                k * data_bound(a, a_zp) * data_bound(b, b_zp), "QMatMul accumulator")
+            at = centered_float(a, a_zp, kind)
+            bt = centered_float(b, b_zp, kind)
+            if trans_b and b.ndim >= 2:
+                bt = bt.transpose(-1, -2)
+            channels = b.shape[-2] if (trans_b and b.ndim >= 2) else b.shape[-1] if b.ndim >= 2 else 1
+            rq = requantizer(("act", k, amax, bmax), channels, np.asarray(bound), bias, m, n)
+        with torch.no_grad():
+            acc = torch.matmul(at, bt)
+        return [rq.torch(acc)]
+
+    return run
