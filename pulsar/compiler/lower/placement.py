@@ -1,0 +1,237 @@
+"""Decide, op by op, what runs on the NPU and what stays in float on the CPU.
+
+A compute op goes to the NPU when every data input is a dequantized integer tensor (or a constant
+its rule folds), every output feeds exactly one QuantizeLinear (possibly through one fused Relu /
+Clip, or through a lookup-table chain of element-wise ops that becomes one table) and its rule
+accepts it. The result is a list of *units*: one per NPU op (the op, its fused activation or chain
+and its output Qs, lowered to integer nodes) and one per CPU node (compute ops, the QuantizeLinear
+of float tensors, the DequantizeLinear of integer tensors that float ops read).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from pulsar.compiler.lower.model import Fallback, LowerOptions
+from pulsar.compiler.lower.qdq_graph import ACTIVATION_TYPES, QdqGraph, is_dq, is_q
+from pulsar.compiler.lower.rules import LowerCtx, Operand, Unsupported, clamp_of, find_rule, relu_clip_bounds
+from pulsar.compiler.lower.rules.lut import LUT_FUNCS, SCALAR_OPS, lower_lut_chain
+from pulsar.frontend.graph import DEFAULT_DOMAINS, node_inputs
+from pulsar.quant.ops import MANUAL_OPS
+
+log = logging.getLogger(__name__)
+
+_FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+_FUSABLE = ("Relu", "Clip")
+
+
+@dataclass
+class Unit:
+    kind: str                       # "npu" | "cpu"
+    index: int                      # topological position of its op (scheduling tie-break)
+    nodes: list[onnx.NodeProto]     # QDQ nodes it stands for: op, fused Relu / Clip or chain, output Qs
+    needs: list[str]                # tensors it reads that other units (or the model inputs) produce
+    makes: list[str]                # tensors it writes
+    ctx: LowerCtx | None = None     # npu: the integer program
+    dq_nodes: list[onnx.NodeProto] = field(default_factory=list)  # npu: the DQs it reads through
+
+
+def topological_nodes(g: QdqGraph) -> list[onnx.NodeProto]:
+    """Nodes in a topological order, keeping the file's order where it already is one."""
+    available = {i.name for i in g.graph.input} | set(g.inits) | {""}
+    producers = set(g.producer)
+    pending = list(g.graph.node)
+    order: list[onnx.NodeProto] = []
+    while pending:
+        rest = []
+        for n in pending:
+            if all(i in available or i not in producers for i in node_inputs(n)):
+                order.append(n)
+                available.update(n.output)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):
+            raise ValueError("the QDQ graph has a cycle")
+        pending = rest
+    return order
+
+
+def classify(g: QdqGraph, name: str) -> tuple[Operand, onnx.NodeProto | None]:
+    """How an op input is fed: (operand, the DequantizeLinear it comes through or None)."""
+    if not name:
+        return Operand("", "absent"), None
+    if name in g.inits:
+        return Operand(name, "const", value=g.const(name)), None
+    p = g.producer.get(name)
+    if p is not None and is_dq(p):
+        q = g.qparams(p)
+        if q is not None:
+            if p.input[0] in g.inits:
+                return Operand(name, "qconst", q, g.const(p.input[0])), p
+            return Operand(name, "act", q), p
+    et = g.elem_type(name)
+    return Operand(name, "float" if et is None or et in _FLOATS else "runtime"), None
+
+
+def _manual(op: str) -> str:
+    return (f"{op} is a manual op kept in float on the CPU; select it in quant.layer_configs with data_type U16 "
+            "to move it to the NPU")
+
+
+def _chainable(g: QdqGraph, node: onnx.NodeProto, tensor: str) -> bool:
+    """Whether ``node`` is an element-wise function of ``tensor`` alone (a table op, a Relu / Clip,
+    or arithmetic with a constant scalar): a link of a lookup-table chain."""
+    outs = [o for o in node.output if o]
+    if len(outs) != 1 or list(node.input).count(tensor) != 1:
+        return False
+    others = [classify(g, i)[0] for i in node.input if i != tensor]
+    if any(o.kind not in ("const", "qconst", "absent") for o in others):
+        return False
+    domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
+    if (domain, node.op_type) in LUT_FUNCS:
+        return node.input[0] == tensor
+    return not domain and node.op_type in SCALAR_OPS and len(node.input) == 2 and others[0].value is not None \
+        and np.asarray(others[0].value).size == 1
+
+
+def _output_chain(g: QdqGraph, node: onnx.NodeProto) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]] | str:
+    """(element-wise ops between the op and its QuantizeLinear, the QuantizeLinear of each output) or
+    why the outputs are not quantized. The chain is one fused Relu / Clip, or the links of a
+    lookup-table chain (single-output ops only)."""
+    outs = list(node.output)
+    while outs and not outs[-1]:
+        outs.pop()
+    if not outs or not all(outs):
+        return "an optional output in the middle is left out"
+    chain: list[onnx.NodeProto] = []
+    qs = []
+    for o in outs:
+        cur = o
+        while True:
+            if cur in g.output_names:
+                return f"output '{cur}' is a model output kept in float"
+            users = g.consumers.get(cur, [])
+            if len(users) == 1 and is_q(users[0]) and users[0].input[0] == cur:
+                qs.append(users[0])
+                break
+            if len(outs) == 1 and len(users) == 1 and _chainable(g, users[0], cur):
+                chain.append(users[0])
+                cur = users[0].output[0]
+                continue
+            return f"output '{o}' is not quantized (FP32 layer)"
+    return chain, qs
+
+
+def _try_npu(g: QdqGraph, node: onnx.NodeProto, index: int, options: LowerOptions) -> Unit | str:
+    op = node.op_type
+    if options.npu_ops is not None and op not in options.npu_ops:
+        return f"{op} is not in the NPU op list (npu_ops)"
+    rule = find_rule(node)
+    if rule is None:
+        return f"{op} is not supported by the NPU; it runs in float on the CPU"
+    classified = [classify(g, i) for i in node.input]
+    operands = [c[0] for c in classified]
+    manual = op in MANUAL_OPS
+    for o in operands:
+        if o.kind == "float":
+            return _manual(op) if manual else \
+                f"input '{o.name}' is not quantized (FP32 layer, or its producer runs in float on the CPU)"
+        if o.kind == "runtime":
+            return f"input '{o.name}' is computed at run time (the NPU needs it constant)"
+    if not any(o.kind == "act" for o in operands):
+        return "no quantized activation input (constant subgraph)"
+    chain = _output_chain(g, node)
+    if isinstance(chain, str):
+        return _manual(op) if manual else chain
+    links, qs = chain
+    outside = [n.op_type for n in links if options.npu_ops is not None and n.op_type not in options.npu_ops]
+    if outside and not (len(links) == 1 and links[0].op_type in _FUSABLE):
+        return f"{op} is followed by {outside[0]}, which is not in the NPU op list (npu_ops)"
+    outputs = []
+    for q in qs:
+        qp = g.qparams(q)
+        if qp is None or not qp.per_tensor or qp.elem_type not in ACTIVATION_TYPES:
+            return f"output '{q.input[0]}' is not on a per-tensor 8 / 16-bit grid"
+        if g.static_shape(qp.name) is None:
+            return f"the shape of '{q.input[0]}' is not static"
+        outputs.append(qp)
+    clamps = [(q.qmin, q.qmax) for q in outputs]
+    try:
+        fused = len(links) == 1 and links[0].op_type in _FUSABLE and links[0].domain in DEFAULT_DOMAINS
+        if fused:
+            lo, hi = relu_clip_bounds(g, links[0])
+            if lo > hi:
+                return "Clip with min > max"
+            clamps[0] = clamp_of(outputs[0], lo, hi)
+        ctx = LowerCtx(node, g, operands, outputs, clamps, lut_items_in_bits=options.lut_items_in_bits)
+        if links and not fused:
+            tensors = [node.output[0], *(n.output[0] for n in links[:-1])]
+            link_ctxs = [LowerCtx(n, g, [Operand(i, "chain") if i == t else classify(g, i)[0] for i in n.input], [], [])
+                         for n, t in zip(links, tensors, strict=True)]
+            lower_lut_chain(ctx, link_ctxs)
+        else:
+            rule(ctx)
+    except Unsupported as exc:
+        return str(exc)
+    needs = list(dict.fromkeys(o.q.name for o in operands if o.kind == "act" and o.q is not None))
+    feeding = classified + [classify(g, i) for n in links for i in n.input]  # links may read quantized constants
+    dqs = list({dq.name: dq for _, dq in feeding if dq is not None}.values())
+    nodes = [node, *links, *qs]
+    return Unit("npu", index, nodes, needs, [q.output[0] for q in qs], ctx, dqs)
+
+
+def weight_dq_outputs(g: QdqGraph) -> set[str]:
+    """Outputs of the DequantizeLinear of constants: every body that reads one carries its DQ."""
+    return {n.output[0] for n in g.graph.node if g.is_weight_dq(n) and n.output[0] not in g.output_names}
+
+
+def _cpu_unit(g: QdqGraph, node: onnx.NodeProto, index: int, pulled: set[str]) -> Unit:
+    needs = [i for i in dict.fromkeys(node_inputs(node)) if i not in g.inits and i not in pulled]
+    return Unit("cpu", index, [node], needs, [o for o in node.output if o])
+
+
+def place(g: QdqGraph, options: LowerOptions) -> tuple[list[Unit], list[Fallback], dict[str, str]]:
+    """Units in topological order, the fallbacks and the compute-node placement."""
+    order = topological_nodes(g)
+    pulled = weight_dq_outputs(g)
+    units: list[Unit] = []
+    fallbacks: list[Fallback] = []
+    placement: dict[str, str] = {}
+    taken: set[str] = set()
+    npu_readers: set[str] = set()
+    for index, node in enumerate(order):
+        if node.name in taken or is_q(node) or is_dq(node):
+            continue
+        decided = _try_npu(g, node, index, options)
+        if isinstance(decided, Unit):
+            units.append(decided)
+            taken.update(n.name for n in decided.nodes)
+            npu_readers.add(node.name)
+            placement[node.name] = "npu"
+            for n in decided.nodes[1:]:
+                if not is_q(n):
+                    placement[n.name] = "npu"
+        else:
+            units.append(_cpu_unit(g, node, index, pulled))
+            fallbacks.append(Fallback(node.name, node.op_type, decided))
+            placement[node.name] = "cpu"
+            log.debug("%s (%s) on the CPU: %s", node.name, node.op_type, decided)
+    for index, node in enumerate(order):
+        if node.name in taken:
+            continue
+        if is_q(node):
+            units.append(_cpu_unit(g, node, index, pulled))
+        elif is_dq(node):
+            out = node.output[0]
+            if out in pulled:
+                continue
+            users = g.consumers.get(out, [])
+            if out in g.output_names or any(u.name not in npu_readers for u in users):
+                units.append(_cpu_unit(g, node, index, pulled))
+    units.sort(key=lambda u: u.index)
+    return units, fallbacks, placement

@@ -1,0 +1,261 @@
+"""Read a QDQ ONNX model: which tensors are quantized and on which integer grid.
+
+Everything comes from the QuantizeLinear / DequantizeLinear nodes and their scale / zero-point
+initializers, never from pulsar's own naming or its quant_config.json, so the lowering is a pure
+function of the QDQ model and also accepts QDQ models written by other tools (onnxruntime's
+quantizer). 16-bit grids use onnxruntime's ``com.microsoft`` Q / DQ, which onnx shape inference does
+not know: they are inferred as Casts to the zero point's type.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from pulsar.frontend.graph import DEFAULT_DOMAINS, node_inputs
+from pulsar.frontend.shapes import infer_shapes
+
+QDQ_DOMAINS = (*DEFAULT_DOMAINS, "com.microsoft")
+INT_RANGES: dict[int, tuple[int, int]] = {
+    TensorProto.UINT8: (0, 255),
+    TensorProto.INT8: (-128, 127),
+    TensorProto.UINT16: (0, 65535),
+    TensorProto.INT16: (-32768, 32767),
+    TensorProto.INT32: (-(2**31), 2**31 - 1),
+}
+ACTIVATION_TYPES = (TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16, TensorProto.INT16)
+# unary ops of onnxruntime's domain whose output has its input's type and shape
+_MS_SHAPE_PRESERVING = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu")
+
+
+def is_q(node: onnx.NodeProto) -> bool:
+    return node.op_type == "QuantizeLinear" and node.domain in QDQ_DOMAINS
+
+
+def is_dq(node: onnx.NodeProto) -> bool:
+    return node.op_type == "DequantizeLinear" and node.domain in QDQ_DOMAINS
+
+
+@dataclass(frozen=True)
+class QParams:
+    """The grid of one integer tensor: real = (q - zero_point) * scale."""
+
+    name: str              # the integer tensor (a Q output, a DQ input or an int initializer)
+    scale: np.ndarray      # float64, shape () per tensor or (C,) along ``axis``
+    zero_point: np.ndarray  # int64, the shape of ``scale``
+    elem_type: int         # TensorProto elem type of the integer tensor
+    axis: int | None       # per-channel axis (None: per tensor)
+
+    @property
+    def per_tensor(self) -> bool:
+        return self.scale.size == 1
+
+    @property
+    def s(self) -> float:
+        """Per-tensor scale."""
+        return float(self.scale.reshape(-1)[0])
+
+    @property
+    def zp(self) -> int:
+        """Per-tensor zero point."""
+        return int(self.zero_point.reshape(-1)[0])
+
+    @property
+    def qmin(self) -> int:
+        return INT_RANGES[self.elem_type][0]
+
+    @property
+    def qmax(self) -> int:
+        return INT_RANGES[self.elem_type][1]
+
+    @property
+    def bits(self) -> int:
+        return 16 if self.elem_type in (TensorProto.UINT16, TensorProto.INT16) else 8
+
+    @property
+    def max_centered(self) -> int:
+        """Largest |q - zero_point| on this grid (the accumulator bound of one term)."""
+        return max(self.zp - self.qmin, self.qmax - self.zp)
+
+    def same_grid(self, other: QParams) -> bool:
+        """Identical integers mean identical reals (float32 scales compared exactly)."""
+        return (self.elem_type == other.elem_type and self.per_tensor and other.per_tensor
+                and np.float32(self.s) == np.float32(other.s) and self.zp == other.zp)
+
+    def dequantize(self, q: np.ndarray) -> np.ndarray:
+        """Real values (float64) of the integers ``q`` (per channel along ``axis``)."""
+        q = np.asarray(q, dtype=np.float64)
+        if self.per_tensor:
+            return (q - self.zp) * self.s
+        shape = [1] * q.ndim
+        shape[self.axis if self.axis is not None else 1] = -1
+        return (q - self.zero_point.reshape(shape)) * self.scale.reshape(shape)
+
+
+@dataclass(frozen=True)
+class TensorType:
+    elem_type: int
+    shape: tuple[int | str | None, ...] | None  # None: rank unknown; a dim is an int, a symbol or None
+
+
+def _fold_constant_nodes(graph: onnx.GraphProto) -> None:
+    """Constant nodes become initializers so every rule sees constants one way."""
+    keep = []
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS and len(node.attribute) == 1 \
+                and node.attribute[0].name == "value":
+            t = onnx.TensorProto()
+            t.CopyFrom(node.attribute[0].t)
+            t.name = node.output[0]
+            graph.initializer.append(t)
+        else:
+            keep.append(node)
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+def _name_nodes(graph: onnx.GraphProto) -> None:
+    """Every node gets a unique, non-empty name: integer nodes and fallbacks are reported by it."""
+    seen: set[str] = set()
+    for i, node in enumerate(graph.node):
+        base = node.name or f"{node.op_type}_{i}"
+        name, k = base, 1
+        while name in seen:
+            name, k = f"{base}__{k}", k + 1
+        node.name = name
+        seen.add(name)
+
+
+def _zero_point_type(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> int | None:
+    if len(node.input) > 2 and node.input[2] in inits:
+        return inits[node.input[2]].data_type
+    for a in node.attribute:
+        if a.name == "output_dtype" and a.i:
+            return int(a.i)
+    return TensorProto.UINT8 if len(node.input) <= 2 else None
+
+
+def infer_types(model: onnx.ModelProto) -> dict[str, TensorType]:
+    """Elem type and shape of every tensor, with com.microsoft Q / DQ read as Casts."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    nodes = []
+    for node in g.node:
+        if node.domain == "com.microsoft" and (is_q(node) or is_dq(node)):
+            to = _zero_point_type(node, inits) if is_q(node) else TensorProto.FLOAT
+            nodes.append(helper.make_node("Cast", [node.input[0]], [node.output[0]], to=to or TensorProto.UINT8))
+        elif node.domain == "com.microsoft" and node.op_type in _MS_SHAPE_PRESERVING:
+            nodes.append(helper.make_node("Identity", [node.input[0]], [node.output[0]]))
+        else:
+            nodes.append(node)
+    del g.node[:]
+    g.node.extend(nodes)
+    m = infer_shapes(m)
+    types: dict[str, TensorType] = {}
+    for vi in [*m.graph.value_info, *m.graph.input, *m.graph.output]:
+        t = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not t.elem_type:
+            continue
+        shape = None
+        if t.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
+        types[vi.name] = TensorType(t.elem_type, shape)
+    for t in m.graph.initializer:
+        types[t.name] = TensorType(t.data_type, tuple(t.dims))
+    return types
+
+
+class QdqGraph:
+    """A QDQ model with the questions the lowering asks answered once."""
+
+    def __init__(self, qmodel: onnx.ModelProto) -> None:
+        model = onnx.ModelProto()
+        model.CopyFrom(qmodel)
+        _fold_constant_nodes(model.graph)
+        _name_nodes(model.graph)
+        self.model = model
+        self.graph = model.graph
+        self.opset = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 1)
+        self.inits: dict[str, onnx.TensorProto] = {t.name: t for t in self.graph.initializer}
+        self.producer: dict[str, onnx.NodeProto] = {o: n for n in self.graph.node for o in n.output if o}
+        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for n in self.graph.node:
+            for name in dict.fromkeys(node_inputs(n)):
+                self.consumers[name].append(n)
+        self.graph_inputs = [i for i in self.graph.input if i.name not in self.inits]
+        self.graph_outputs = list(self.graph.output)
+        self.output_names = {o.name for o in self.graph.output}
+        self.types = infer_types(model)
+        self._consts: dict[str, np.ndarray] = {}
+
+    # ---------------------------------------------------------------- constants
+    def const(self, name: str) -> np.ndarray | None:
+        """Value of an initializer (None for a run-time tensor)."""
+        if name not in self.inits:
+            return None
+        if name not in self._consts:
+            self._consts[name] = numpy_helper.to_array(self.inits[name])
+        return self._consts[name]
+
+    def is_weight_dq(self, node: onnx.NodeProto) -> bool:
+        """A DQ of a constant integer initializer (weight, bias, quantized constant operand)."""
+        return is_dq(node) and node.input[0] in self.inits
+
+    # ---------------------------------------------------------------- grids
+    def qparams(self, node: onnx.NodeProto) -> QParams | None:
+        """Grid of a Q node's output or a DQ node's input; None when it is not a plain linear grid."""
+        if len(node.input) < 2 or any(a.name == "block_size" and a.i for a in node.attribute):
+            return None
+        scale = self.const(node.input[1])
+        if scale is None:
+            return None
+        scale = np.asarray(scale, dtype=np.float64)
+        if len(node.input) > 2 and node.input[2]:
+            zp_arr = self.const(node.input[2])
+            if zp_arr is None:
+                return None
+            zero_point = np.asarray(zp_arr, dtype=np.int64)
+            elem_type = self.inits[node.input[2]].data_type
+        else:
+            zero_point = np.zeros(scale.shape, dtype=np.int64)
+            elem_type = _zero_point_type(node, self.inits) if is_q(node) else \
+                self.elem_type(node.input[0]) or TensorProto.UINT8
+        if elem_type not in INT_RANGES or scale.ndim > 1 or zero_point.shape != scale.shape:
+            return None
+        if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+            return None
+        axis = None
+        if scale.size > 1 or scale.ndim == 1:
+            axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 1)
+            rank = self.rank(node.input[0] if is_dq(node) else node.output[0])
+            if axis < 0 and rank is not None:
+                axis += rank
+        if scale.size == 1:
+            axis = None
+        name = node.output[0] if is_q(node) else node.input[0]
+        return QParams(name, scale, zero_point, elem_type, axis)
+
+    # ---------------------------------------------------------------- types
+    def elem_type(self, name: str) -> int | None:
+        t = self.types.get(name)
+        return t.elem_type if t else None
+
+    def shape(self, name: str) -> tuple[int | str | None, ...] | None:
+        t = self.types.get(name)
+        return t.shape if t else None
+
+    def static_shape(self, name: str) -> tuple[int, ...] | None:
+        s = self.shape(name)
+        if s is None or not all(isinstance(d, int) and d > 0 for d in s):
+            return None
+        return tuple(int(d) for d in s)
+
+    def rank(self, name: str) -> int | None:
+        s = self.shape(name)
+        return None if s is None else len(s)
