@@ -97,25 +97,39 @@ def _run_stages(ctx: BuildContext, data: dict[str, Any], t0: float) -> BuildResu
 
 def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Path | None = None,
               list_file: str | Path | None = None, random_input: bool = False,
-              mode: str = "Reference") -> list[Path]:
-    """``pulsar run``: inputs from files (or random), one .npy per output tensor."""
+              mode: str = "NPUBackend", batch_size: int = 1, perlayer: bool = False) -> list[Path]:
+    """``pulsar run``: inputs from files (or random), one .npy per output tensor.
+
+    ``batch_size`` samples are stacked on axis 0 of each input file and run one compiled batch at a
+    time; ``perlayer`` also writes every tensor the model computes to ``<output>/perlayer/``."""
     from pulsar.runtime.io import random_inputs, read_inputs, read_list_file, write_outputs
     from pulsar.runtime.session import Session
 
     setup_logging()
     session = Session(model, mode=mode)
+    infos = session.batched_inputs(batch_size)
     out = Path(output_dir)
     written: list[Path] = []
+
+    def one(feeds: dict, dest: Path) -> None:
+        nonlocal written
+        written += write_outputs(dest, session.run_batches(feeds, batch_size))
+        if perlayer:
+            for k in range(batch_size):
+                b = [i.shape[0] for i in session.inputs]
+                part = {i.name: feeds[i.name][k * n:(k + 1) * n] for i, n in zip(session.inputs, b, strict=True)}
+                sub = dest / "perlayer" / (f"batch_{k}" if batch_size > 1 else "")
+                written += write_outputs(sub, session.run_all(part))
+
     if list_file is not None:
         if input_dir is None:
             raise PulsarError("--list needs --input_dir (the list's relative paths start there)")
         for sample_dir in read_list_file(list_file, input_dir):
-            outputs = session.run(read_inputs(sample_dir, session.inputs))
-            written += write_outputs(out / sample_dir.name, outputs)
+            one(read_inputs(sample_dir, infos), out / sample_dir.name)
     elif random_input:
-        written += write_outputs(out, session.run(random_inputs(session.inputs)))
+        one(random_inputs(infos), out)
     elif input_dir is not None:
-        written += write_outputs(out, session.run(read_inputs(input_dir, session.inputs)))
+        one(read_inputs(input_dir, infos), out)
     else:
         raise PulsarError("give --input_dir (files named after the input tensors), --list, or --random_input")
     log.info("wrote %d output file(s) to %s", len(written), out)

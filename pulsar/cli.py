@@ -122,13 +122,18 @@ def run(
     input_dir: Annotated[Path | None, typer.Option("--input_dir", help="files <tensor>.npy / .bin")] = None,
     list_file: Annotated[Path | None, typer.Option("--list", help="text file: one sample dir per line")] = None,
     random_input: Annotated[bool, typer.Option("--random_input", help="feed seeded random inputs")] = False,
-    mode: Annotated[str, typer.Option("--mode", help="Reference (float QDQ simulation)")] = "Reference",
+    mode: Annotated[str, typer.Option("--mode", help="NPUBackend (bit-exact integer simulation) or Reference "
+                                                     "(float QDQ in onnxruntime)")] = "NPUBackend",
+    batch_size: Annotated[int, typer.Option("--batch_size", help="samples stacked on axis 0 of each input "
+                                                                 "file, run one compiled batch at a time")] = 1,
+    perlayer: Annotated[bool, typer.Option("--enable_perlayer_output", help="also write every tensor to "
+                                                                            "<output_dir>/perlayer/")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ) -> None:
     from pulsar.api import run_model
 
     run_model(model=model, output_dir=output_dir, input_dir=input_dir, list_file=list_file,
-              random_input=random_input, mode=mode)
+              random_input=random_input, mode=mode, batch_size=batch_size, perlayer=perlayer)
 
 
 @config_app.command("schema", help="Print the JSON Schema of the build config.")

@@ -26,6 +26,7 @@ class BuildContext:
     calibration: Any = None                     # pulsar.quant.datasets.CalibrationData
     artifacts: dict[str, Path] = field(default_factory=dict)
     check_samples: list[dict[str, Any]] = field(default_factory=list)
+    analysis_samples: list[dict[str, Any]] = field(default_factory=list)  # NPUBackend precision analysis
     imported: dict[str, Any] = field(default_factory=dict)  # QuantONNX: tensor -> TensorQuant kept from the input
     # QuantONNX: model -> (float model, imported params); set by the orchestrator so the frontend
     # does not import from the quant stage

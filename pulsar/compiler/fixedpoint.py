@@ -17,9 +17,20 @@ MAX_SHIFT = 62
 PRODUCT_LIMIT = 2**62
 
 
+FLOAT_EXACT = 2**53    # products below this are exact in float64: the simulator's fast path
+MIN_FAST_M = 2**22     # ... taken only when M keeps at least 22 bits (relative error <= 2**-23)
+
+
 def multiplier_limit(acc_bound: int, m_bits: int = M_BITS) -> int:
-    """Largest |M| such that |acc * M| < 2**62 for every |acc| <= acc_bound."""
-    return int(min(2**m_bits - 1, PRODUCT_LIMIT // max(int(acc_bound), 1)))
+    """Largest |M| the compiler uses for accumulators up to ``acc_bound``.
+
+    The hard limit is |acc * M| < 2**62 (int64). When it costs little precision the compiler also
+    keeps |acc * M| < 2**53, so a simulator may evaluate the requantization exactly in float64; the
+    integer semantics are the same either way."""
+    bound = max(int(acc_bound), 1)
+    limit = min(2**m_bits - 1, PRODUCT_LIMIT // bound)
+    fast = FLOAT_EXACT // bound
+    return int(min(limit, fast) if fast >= MIN_FAST_M else limit)
 
 
 def quantize_multiplier(real: float | np.ndarray, acc_bound: int, *, m_bits: int = M_BITS,

@@ -1,12 +1,12 @@
 """The compiled model container: one ONNX file that standard tools can open.
 
-Container format, version 1 (``FORMAT_VERSION``). Keep it stable: files written by one pulsar
+Container format, version 2 (``FORMAT_VERSION``). Keep it stable: files written by one pulsar
 release must load in the next; anything incompatible bumps the version.
 
 - The file is a single serialized ``onnx.ModelProto`` (``onnx.load`` and Netron open it; it does
   not run in onnxruntime directly because of the custom domains below).
 - ``metadata_props``:
-  ``pulsar.format`` = ``pulsar-compiled-model``, ``pulsar.format_version`` = ``"1"``,
+  ``pulsar.format`` = ``pulsar-compiled-model``, ``pulsar.format_version`` = ``"2"``,
   ``pulsar.version`` = the pulsar release that wrote it, and every caller metadata entry ``k`` as
   ``pulsar.<k>`` holding ``json.dumps(value)`` (target_hardware, npu_mode, config_hash, inputs /
   outputs with dtype and shape, ...).
@@ -14,8 +14,11 @@ release must load in the next; anything incompatible bumps the version.
   order. NPU subgraphs are ``NpuSubgraph`` nodes of domain ``pulsar.npu``, CPU subgraphs
   ``CpuSubgraph`` nodes of domain ``pulsar.cpu`` (both registered in ``opset_import``, version 1,
   next to the default domain's opset). Node attributes:
-  ``body`` (GraphProto of standard ONNX ops; an NPU body currently holds the QDQ graph, executed
-  as float quantize-dequantize math; a later format version will hold integer ops),
+  ``body`` (GraphProto: for an NPU subgraph the integer program of ``pulsar.int`` ops and data
+  movement on integer tensors, see docs/integer_semantics.md; for a CPU subgraph standard float
+  ONNX ops, including the QuantizeLinear / DequantizeLinear at the borders),
+  ``reference_body`` (NPU subgraphs: the float QDQ fragment with the same inputs and outputs, run by
+  ``--mode Reference``),
   ``name`` (string), ``kind`` (``"npu"`` / ``"cpu"``), ``options`` (JSON string: the per-subgraph
   compile options).
 - Node inputs / outputs are the tensors crossing the subgraph border, and they carry the same
@@ -47,12 +50,13 @@ from pulsar.utils.atomic import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: NPU bodies held the QDQ graph (no integer program)
 FORMAT_NAME = "pulsar-compiled-model"
 META_PREFIX = "pulsar."
 META_FORMAT = "pulsar.format"
 META_FORMAT_VERSION = "pulsar.format_version"
 META_VERSION = "pulsar.version"
+INT_DOMAIN = "pulsar.int"  # the integer NPU ops inside NPU bodies (docs/integer_semantics.md)
 _RESERVED_META = {META_FORMAT, META_FORMAT_VERSION, META_VERSION}
 
 
@@ -87,6 +91,8 @@ class Subgraph:
     kind: str
     graph: onnx.GraphProto
     options: dict = field(default_factory=dict)
+    # NPU subgraphs: the float QDQ fragment computing the same integer outputs (Reference mode)
+    reference: onnx.GraphProto | None = None
 
 
 @dataclass
@@ -192,12 +198,10 @@ def package(
 
     nodes: list[onnx.NodeProto] = []
     border_infos: dict[str, onnx.ValueInfoProto] = {}
-    for sg in subgraphs:
-        if sg.kind not in SUBGRAPH_KINDS:
-            raise ValueError(
-                f"subgraph {sg.name!r}: unknown kind {sg.kind!r} (known: {sorted(SUBGRAPH_KINDS)})"
-            )
-        body = copy.deepcopy(sg.graph)
+
+    def hoist(graph: onnx.GraphProto, sg_name: str) -> onnx.GraphProto:
+        """A copy of ``graph`` whose initializers moved to the top level (merged by name + content)."""
+        body = copy.deepcopy(graph)
         inits = list(body.initializer)
         init_names = {t.name for t in inits}
         del body.initializer[:]
@@ -215,13 +219,25 @@ def package(
                 top_inits[name] = tensor
                 continue
             new = _unique_name(name, taken | set(top_inits) | _defined_names(body))
-            log.debug("subgraph %s: initializer %s renamed to %s (name clash)", sg.name, name, new)
+            log.debug("subgraph %s: initializer %s renamed to %s (name clash)", sg_name, name, new)
             _rename_refs(body, name, new, rename_outputs=False)
             if name in output_names:  # keep the body's interface: output = Identity(weight)
                 body.node.append(helper.make_node("Identity", [new], [name], name=f"{new}_as_output"))
             renamed = copy.deepcopy(tensor)
             renamed.name = new
             top_inits[new] = renamed
+        return body
+
+    for sg in subgraphs:
+        if sg.kind not in SUBGRAPH_KINDS:
+            raise ValueError(
+                f"subgraph {sg.name!r}: unknown kind {sg.kind!r} (known: {sorted(SUBGRAPH_KINDS)})"
+            )
+        body = hoist(sg.graph, sg.name)
+        reference = hoist(sg.reference, sg.name) if sg.reference is not None else None
+        if reference is not None and ([i.name for i in reference.input] != [i.name for i in body.input]
+                                      or [o.name for o in reference.output] != [o.name for o in body.output]):
+            raise ValueError(f"subgraph {sg.name!r}: reference body has another interface than the body")
         kind = SUBGRAPH_KINDS[sg.kind]
         node = helper.make_node(
             kind.op_type,
@@ -239,6 +255,8 @@ def package(
                 helper.make_attribute("options", json.dumps(sg.options, sort_keys=True)),
             ]
         )
+        if reference is not None:
+            node.attribute.append(helper.make_attribute("reference_body", reference))
         nodes.append(node)
         for vi in list(body.input) + list(body.output):
             border_infos.setdefault(vi.name, vi)
@@ -255,6 +273,9 @@ def package(
     )
     opsets = [op for op in opset_imports if op.domain not in _KIND_BY_DOMAIN]
     opsets += [helper.make_opsetid(k.domain, 1) for k in SUBGRAPH_KINDS.values()]
+    body_domains = {n.domain for sg in subgraphs for n in sg.graph.node}
+    if INT_DOMAIN in body_domains and all(op.domain != INT_DOMAIN for op in opsets):
+        opsets.append(helper.make_opsetid(INT_DOMAIN, 1))
     if ir_version is None:
         default = [op for op in opsets if op.domain in ("", "ai.onnx")]
         ir_version = max(helper.find_min_ir_version_for(default, ignore_unknown=True), 4)
@@ -280,25 +301,21 @@ def tensor_infos(values: Iterable[onnx.ValueInfoProto]) -> list[dict[str, object
     return infos
 
 
-def package_qdq_model(model: onnx.ModelProto, path: str | Path, metadata: dict) -> Path:
-    """Package a whole QDQ model as a single NPU subgraph (the compiler's first, simplest lowering)."""
+def package_qdq_model(model: onnx.ModelProto, path: str | Path, metadata: dict,
+                      lut_items_in_bits: int = 10) -> Path:
+    """Lower a QDQ model (NPU integer programs + CPU subgraphs) and write it as a compiled model."""
+    from pulsar.compiler.lower import LowerOptions, lower_qdq_model  # the lowering builds Subgraphs
+
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
-    graph = model.graph
-    init_names = {t.name for t in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in init_names]
+    lowered = lower_qdq_model(model, LowerOptions(lut_items_in_bits=lut_items_in_bits))
+    for sg in lowered.subgraphs:
+        sg.reference = lowered.references.get(sg.name)
     meta = dict(metadata)
-    meta.setdefault("inputs", tensor_infos(inputs))
-    meta.setdefault("outputs", tensor_infos(graph.output))
-    return package(
-        [Subgraph(name="npu_0", kind="npu", graph=graph)],
-        inputs=inputs,
-        outputs=list(graph.output),
-        opset_imports=list(model.opset_import),
-        metadata=meta,
-        path=path,
-        ir_version=model.ir_version,
-    )
+    meta.setdefault("inputs", tensor_infos(lowered.inputs))
+    meta.setdefault("outputs", tensor_infos(lowered.outputs))
+    return package(lowered.subgraphs, inputs=lowered.inputs, outputs=lowered.outputs,
+                   opset_imports=lowered.opset_imports, metadata=meta, path=path, ir_version=model.ir_version)
 
 
 # --------------------------------------------------------------------------- loading
@@ -342,9 +359,19 @@ def _read_subgraph(path: Path, node: onnx.NodeProto, inits: dict[str, onnx.Tenso
     for name in sorted(outer_references(body)):
         if name in inits:
             body.initializer.append(inits[name])
+    reference = None
+    if "reference_body" in attrs:
+        reference = copy.deepcopy(attrs["reference_body"].g)
+        if [i.name for i in reference.input] != list(node.input) or \
+                [o.name for o in reference.output] != list(node.output):
+            raise PulsarError(f"{path}: subgraph node {node.name!r} reference body does not match its interface; "
+                              "the file is corrupt")
+        for ref_name in sorted(outer_references(reference)):
+            if ref_name in inits:
+                reference.initializer.append(inits[ref_name])
     name = attrs["name"].s.decode() if "name" in attrs else node.name
     options = json.loads(attrs["options"].s.decode()) if "options" in attrs else {}
-    return Subgraph(name=name, kind=kind.kind, graph=body, options=options)
+    return Subgraph(name=name, kind=kind.kind, graph=body, options=options, reference=reference)
 
 
 def load_compiled(path: str | Path) -> CompiledModel:
@@ -381,6 +408,9 @@ def load_compiled(path: str | Path) -> CompiledModel:
         )
     if version < 1:
         raise PulsarError(f"compiled model {path} has invalid format version {version}; rebuild it")
+    if version < FORMAT_VERSION:
+        raise PulsarError(f"compiled model {path} was written by an older pulsar (format {version}, without the "
+                          f"integer NPU program); rebuild it with this pulsar")
     inits = {t.name: t for t in model.graph.initializer}
     subgraphs = [_read_subgraph(path, node, inits) for node in model.graph.node]
     return CompiledModel(

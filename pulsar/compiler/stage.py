@@ -1,91 +1,30 @@
-"""Compiler stage: package the quantized graph into the compiled model and check it.
-
-In this version the NPU subgraph holds the QDQ graph (float quantize-dequantize); the integer
-lowering replaces its body later without changing the container or the loader.
+"""Compiler stage: processors attached, the QDQ graph lowered to NPU integer programs and CPU
+subgraphs (pulsar/compiler/lower), the performance estimated on the target profile, everything
+packaged into the compiled model (pulsar/compiler/package.py) and checked (pulsar/compiler/check.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
-import onnxruntime as ort
 
 from pulsar import __version__
-from pulsar.compiler.package import package_qdq_model
+from pulsar.compiler.analysis import run_npu_backend_analysis
+from pulsar.compiler.check import check_compiled
+from pulsar.compiler.cost import estimate_model
+from pulsar.compiler.lower import LoweredModel, LowerOptions, fallback_report, lower_qdq_model
+from pulsar.compiler.package import package, tensor_infos
+from pulsar.compiler.targets import load_profile
+from pulsar.compiler.trace import SUMMARY_COLUMNS, chrome_trace, summary_rows
 from pulsar.context import BuildContext
-from pulsar.errors import PulsarError
 from pulsar.frontend.processors import attach_input_processors, attach_output_processors
-from pulsar.runtime.io import random_inputs, read_inputs
-from pulsar.runtime.session import Session, reference_session_options
 from pulsar.ui import show, table
 
 log = logging.getLogger(__name__)
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    if na == 0 or nb == 0:
-        return 1.0 if na == nb else 0.0
-    return float(a @ b / (na * nb))
-
-
-def _check_samples(ctx: BuildContext, session: Session, qmodel: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
-    """compiler.input_sample_dir (deployed format); else calibration samples when the compiled inputs
-    are the model's own, else seeded random deployed inputs (processors changed the inputs)."""
-    sample_dir = ctx.cfg.compiler.input_sample_dir
-    if not sample_dir:
-        own = [(i.name, tuple(d.dim_value for d in i.type.tensor_type.shape.dim), i.type.tensor_type.elem_type)
-               for i in qmodel.graph.input]
-        deployed = [(i.name, tuple(i.shape), onnx.helper.np_dtype_to_tensor_dtype(i.dtype)) for i in session.inputs]
-        if own == deployed:
-            return ctx.check_samples
-        return [random_inputs(session.inputs, seed=i) for i in range(2)]
-    root = Path(sample_dir)
-    if not root.is_dir():
-        raise PulsarError(f"compiler.input_sample_dir: '{sample_dir}' is not a directory")
-    subdirs = sorted(p for p in root.iterdir() if p.is_dir())
-    return [read_inputs(d, session.inputs) for d in (subdirs or [root])]
-
-
-CHECKS = {
-    1: ("all-close", lambda a, b, c: bool(np.allclose(a, b, rtol=c.check_rtol, atol=c.check_atol))),
-    2: ("all-equal", lambda a, b, c: bool(np.array_equal(a, b))),
-    3: ("cosine", lambda a, b, c: _cosine(a, b) >= c.check_cosine_simularity),
-}
-
-
-def check_compiled(ctx: BuildContext, compiled: Path, qmodel: onnx.ModelProto) -> None:
-    """``compiler.check``: run the compiled model and compare with the QDQ reference in onnxruntime."""
-    c = ctx.cfg.compiler
-    session = Session(compiled)
-    ref = ort.InferenceSession(qmodel.SerializeToString(), reference_session_options(),
-                               providers=["CPUExecutionProvider"])
-    samples = _check_samples(ctx, session, ctx.model)
-    if not samples:
-        raise PulsarError("compiler.check: no samples to check with; set compiler.input_sample_dir")
-    name, ok = CHECKS[c.check]
-    rows = []
-    for i, feed in enumerate(samples):
-        got = session.run(feed)
-        want = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, feed), strict=True))
-        for out, w in want.items():
-            g = got[out]
-            passed = ok(g, w, c)
-            rows.append((i, out, f"{np.abs(g.astype(np.float64) - w).max():.3g}", f"{_cosine(g, w):.6f}",
-                         "pass" if passed else "FAIL"))
-            if not passed:
-                show(table(f"Compiler check ({name})", ["sample", "output", "max abs diff", "cosine", "result"],
-                           rows), quiet=ctx.quiet)
-                raise PulsarError(f"compiler.check {c.check} ({name}) failed on output '{out}' of sample {i}: "
-                                  f"max abs diff {np.abs(g.astype(np.float64) - w).max():.3g}, cosine "
-                                  f"{_cosine(g, w):.6f}")
-    show(table(f"Compiler check ({name})", ["sample", "output", "max abs diff", "cosine", "result"], rows),
-         quiet=ctx.quiet)
 
 
 def calibration_normalization(cfg: Any, model: onnx.ModelProto) -> dict[str, tuple[list[float], list[float]]]:
@@ -110,7 +49,33 @@ def attach_processors(ctx: BuildContext, qmodel: onnx.ModelProto) -> onnx.ModelP
     return model
 
 
+def _show_placement(ctx: BuildContext, lowered: LoweredModel) -> None:
+    rows = fallback_report(lowered)
+    npu = sum(v == "npu" for v in lowered.placement.values())
+    kinds = ", ".join(f"{sg.name} ({len(sg.graph.node)} ops)" for sg in lowered.subgraphs)
+    log.info("compiled: %d of %d ops on the NPU; subgraphs in order: %s", npu, len(lowered.placement), kinds)
+    if rows:
+        show(table("Ops kept on the CPU by the compiler", ["op", "nodes", "why"], rows), quiet=ctx.quiet)
+
+
+def _estimate(ctx: BuildContext, lowered: LoweredModel) -> dict[str, Any]:
+    """Cost-model estimate of the NPU subgraphs on the target; the Chrome trace with compiler.npu_perf."""
+    cfg = ctx.cfg
+    profile = load_profile(cfg.target_hardware)
+    est = estimate_model(lowered.subgraphs, profile, cfg.npu_mode, cfg.compiler.ddr_bw_limit)
+    rows = [["-" if r[k] is None else f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k])
+             for k in SUMMARY_COLUMNS] for r in summary_rows(est)]
+    show(table(f"Performance estimate: {profile.name}, {cfg.npu_mode} (a model, not a measurement)",
+               list(SUMMARY_COLUMNS), rows), quiet=ctx.quiet)
+    if cfg.compiler.npu_perf:
+        trace = chrome_trace(est, ctx.path("compiler", "npu_perf_trace.json"))
+        ctx.artifacts["NPU performance trace (chrome://tracing, Perfetto)"] = trace
+    return {"target": profile.name, "npu_mode": cfg.npu_mode, "cycles": int(est.cycles),
+            "time_ms": round(float(est.time_ms), 6), "macs": int(est.macs)}
+
+
 def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
+    """Lower the quantized graph to NPU integer programs and CPU subgraphs, package, estimate, check."""
     cfg = ctx.cfg
     meta: dict[str, Any] = {
         "target_hardware": cfg.target_hardware,
@@ -128,8 +93,22 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
         log.warning("src_extra_shapes recorded in the compiled model's metadata; only the main input shape is "
                     "compiled by this version")
     deployed = attach_processors(ctx, qmodel)
-    path = package_qdq_model(deployed, ctx.path(cfg.output_name), meta)
+    lowered = lower_qdq_model(deployed, LowerOptions(lut_items_in_bits=cfg.compiler.lut_items_in_bits))
+    for sg in lowered.subgraphs:
+        sg.reference = lowered.references.get(sg.name)
+        sg.options = {"lut_items_in_bits": cfg.compiler.lut_items_in_bits}
+    _show_placement(ctx, lowered)
+    meta["estimate"] = _estimate(ctx, lowered)
+    meta["inputs"] = tensor_infos(lowered.inputs)
+    meta["outputs"] = tensor_infos(lowered.outputs)
+    meta["cpu_fallbacks"] = [{"node": f.node, "op_type": f.op_type, "reason": f.reason} for f in lowered.fallbacks]
+    path = package(lowered.subgraphs, inputs=lowered.inputs, outputs=lowered.outputs,
+                   opset_imports=lowered.opset_imports, metadata=meta, path=ctx.path(cfg.output_name),
+                   ir_version=deployed.ir_version)
     ctx.artifacts["compiled model"] = path
     if cfg.compiler.check:
         check_compiled(ctx, path, deployed)
+    if cfg.quant.precision_analysis and cfg.quant.precision_analysis_mode == "NPUBackend":
+        qjson = json.loads(ctx.path("quant", "quant_config.json").read_text())
+        run_npu_backend_analysis(ctx, qmodel, qjson, ctx.analysis_samples)
     return path

@@ -141,7 +141,10 @@ def check_dtypes(qmodel: onnx.ModelProto, params: dict[str, TensorQuant]) -> int
     return checked
 
 
-def _analysis_samples(ctx: BuildContext) -> Iterable[dict[str, np.ndarray]]:
+NPU_ANALYSIS_SAMPLES = 32
+
+
+def analysis_samples(ctx: BuildContext) -> Iterable[dict[str, np.ndarray]]:
     """quant.input_sample_dir (one file per input tensor, or one sub-directory per sample, in the
     model's own input format), else the calibration data."""
     sample_dir = ctx.cfg.quant.input_sample_dir
@@ -159,7 +162,7 @@ def _analysis_samples(ctx: BuildContext) -> Iterable[dict[str, np.ndarray]]:
 def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str, Any]) -> None:
     """quant.precision_analysis: per-layer cosine / MSE / SQNR of the QDQ model against the float one."""
     method = ctx.cfg.quant.precision_analysis_method
-    rows = analyze(ctx.model, qmodel, _analysis_samples(ctx), method=method, quant_json=qjson)
+    rows = analyze(ctx.model, qmodel, analysis_samples(ctx), method=method, quant_json=qjson)
     title = f"Quant Precision Table [{method} Reference]"
     show(precision_table(rows, title), quiet=ctx.quiet)
     tpath, mpath = ctx.path("quant", "debug", "precision_analysis_table.txt"), ctx.path("quant", "debug",
@@ -228,7 +231,12 @@ def run_auto_mixed_precision(ctx: BuildContext, precision: dict[str, NodePrecisi
     samples = list(islice(iter(ctx.calibration), amp.num_samples))
     ops = {n.name: n.op_type for n in model.graph.node}
     base = make_plan(model, precision, **plan_kw(ctx.cfg.quant))
-    candidates = {n for n in base.quantized_nodes if ops[n] in COMPUTE_OPS and not precision[n].explicit}
+    narrow = {t for t, d in base.dtypes.items() if BITS[d] == 8}
+    weighted = {w.node for w in base.weights}
+    touches = {n.name for n in model.graph.node if n.name in weighted or narrow & {*n.input, *n.output}}
+    # a link inside a fused lookup-table chain touches no 8-bit tensor: raising it changes nothing
+    candidates = {n for n in base.quantized_nodes if ops[n] in COMPUTE_OPS and not precision[n].explicit
+                  and n in touches}
     producer = {o: n.name for n in model.graph.node for o in n.output}
     fused_into = {producer[t]: act for t, act in base.fused.items()}
 
@@ -323,8 +331,10 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     jpath = ctx.path("quant", "quant_config.json")
     qjson = quant_json(ctx, qmodel, plan, params)
     atomic_write_text(jpath, json.dumps(qjson, indent=1))
-    if q.precision_analysis:
+    if q.precision_analysis and q.precision_analysis_mode == "Reference":
         run_precision_analysis(ctx, qmodel, qjson)
+    elif q.precision_analysis:  # NPUBackend: runs after compilation, on at most this many samples
+        ctx.analysis_samples = list(islice(analysis_samples(ctx), NPU_ANALYSIS_SAMPLES))
     ctx.artifacts["quantized model (QDQ ONNX)"] = path
     ctx.artifacts["quant config (per tensor)"] = jpath
     return qmodel

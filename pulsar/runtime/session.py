@@ -3,10 +3,15 @@
 The session executes the subgraphs of a compiled model in order, passing border tensors by name.
 How one subgraph body runs is chosen by ``mode`` from a small registry:
 
-- ``Reference``: each body runs in onnxruntime (CPU). QDQ fusion is switched off so NPU bodies
-  compute float quantize-dequantize math exactly as written (the float-simulated quantization the
-  precision analysis also uses), not onnxruntime's own integer kernels.
-- ``NPUBackend`` (bit-exact integer simulation) arrives with the integer NPU backend.
+- ``NPUBackend`` (default): NPU subgraphs run their integer program in the bit-exact simulator
+  (:class:`pulsar.runtime.npu_sim.NpuProgram`, the arithmetic of docs/integer_semantics.md); CPU
+  subgraphs run in onnxruntime.
+- ``Reference``: NPU subgraphs run their ``reference_body`` (the float QDQ fragment) in onnxruntime
+  with QDQ fusion switched off, so quantize-dequantize is float math exactly as written (what the
+  precision analysis uses), not onnxruntime's own integer kernels; CPU subgraphs as above.
+
+Both modes exchange the same integer tensors at NPU borders, so a CPU subgraph never knows which
+mode produced its input.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pulsar.errors import PulsarError, did_you_mean
 
 log = logging.getLogger(__name__)
 
-_CUSTOM_DOMAINS = {k.domain for k in SUBGRAPH_KINDS.values()}
+_CUSTOM_DOMAINS = {k.domain for k in SUBGRAPH_KINDS.values()} | {"pulsar.int"}
 
 
 @dataclass(frozen=True)
@@ -56,10 +61,10 @@ def reference_session_options() -> ort.SessionOptions:
     return opts
 
 
-# A runner executes one subgraph: feeds by name -> outputs by name.
-Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+# A runner executes one subgraph: feeds by name -> outputs by name (every tensor with ``keep``).
+Runner = Callable[[dict[str, np.ndarray], bool], dict[str, np.ndarray]]
 RUNNER_FACTORIES: dict[str, Callable[[Subgraph, list[onnx.OperatorSetIdProto], int], Runner]] = {}
-_NOT_YET = {"NPUBackend": "--mode NPUBackend arrives with the integer NPU backend; use Reference"}
+DEFAULT_MODE = "NPUBackend"
 
 
 def register_mode(name: str):
@@ -70,34 +75,87 @@ def register_mode(name: str):
     return deco
 
 
-@register_mode("Reference")
-def _reference_runner(sg: Subgraph, opsets: list[onnx.OperatorSetIdProto], ir_version: int) -> Runner:
-    model = helper.make_model(sg.graph, opset_imports=opsets)
-    model.ir_version = ir_version
-    try:
-        sess = ort.InferenceSession(
-            model.SerializeToString(), reference_session_options(), providers=["CPUExecutionProvider"]
-        )
-    except Exception as exc:  # onnxruntime raises its own exception types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PulsarError(
-            f"subgraph {sg.name!r} cannot be loaded by onnxruntime ({first}); rebuild the model"
-        ) from None
-    names = [o.name for o in sess.get_outputs()]
+def _with_all_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every typed intermediate tensor added as a graph output (per-layer dumps)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    have = {o.name for o in g.output} | {i.name for i in g.input}
+    typed = {v.name: v for v in g.value_info}
+    extra = [typed[o] for n in g.node for o in n.output if o in typed and o not in have]
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.output.extend(extra)
+    return out
 
-    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+
+def ort_runner(graph: onnx.GraphProto, name: str, opsets: list[onnx.OperatorSetIdProto], ir_version: int) -> Runner:
+    """Run ``graph`` in onnxruntime with QDQ kept as float math (lazily adds all outputs for ``keep``)."""
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = ir_version
+    sessions: dict[bool, tuple[ort.InferenceSession, list[str]]] = {}
+
+    def session(keep: bool) -> tuple[ort.InferenceSession, list[str]]:
+        if keep not in sessions:
+            m = _with_all_outputs(model) if keep else model
+            try:
+                sess = ort.InferenceSession(m.SerializeToString(), reference_session_options(),
+                                            providers=["CPUExecutionProvider"])
+            except Exception as exc:  # onnxruntime raises its own exception types
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise PulsarError(
+                    f"subgraph {name!r} cannot be loaded by onnxruntime ({first}); rebuild the model"
+                ) from None
+            sessions[keep] = (sess, [o.name for o in sess.get_outputs()])
+        return sessions[keep]
+
+    session(False)
+
+    def run(feeds: dict[str, np.ndarray], keep: bool = False) -> dict[str, np.ndarray]:
+        sess, names = session(keep)
         return dict(zip(names, sess.run(names, feeds), strict=True))
 
     return run
 
 
+@register_mode("Reference")
+def _reference_runner(sg: Subgraph, opsets: list[onnx.OperatorSetIdProto], ir_version: int) -> Runner:
+    graph = sg.reference if sg.kind == "npu" and sg.reference is not None else sg.graph
+    return ort_runner(graph, sg.name, opsets, ir_version)
+
+
+@register_mode("NPUBackend")
+def _npu_backend_runner(sg: Subgraph, opsets: list[onnx.OperatorSetIdProto], ir_version: int) -> Runner:
+    if sg.kind != "npu":
+        return ort_runner(sg.graph, sg.name, opsets, ir_version)
+    from pulsar.runtime.npu_sim import NpuProgram
+
+    program = NpuProgram(sg.graph)
+
+    def run(feeds: dict[str, np.ndarray], keep: bool = False) -> dict[str, np.ndarray]:
+        return program.run(feeds, keep=keep)
+
+    run.program = program  # type: ignore[attr-defined]  # per-op isolated runs (compiler CheckPerLayer)
+    return run
+
+
+def run_steps_isolated(program, given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every op of an NPU program fed ``given``'s value of each input it reads (its own results for
+    tensors ``given`` lacks): per-op differences without the cascade of earlier ones."""
+    env: dict[str, np.ndarray] = {}
+    for step in program.steps:
+        args = [None if not n else given[n] if n in given else env[n] if n in env else program.consts[n]
+                for n in step.inputs]
+        for name, value in zip(step.outputs, step.kernel(args), strict=False):
+            if name:
+                env[name] = value
+    return env
+
+
 class Session:
     """Load a compiled model once, run it many times."""
 
-    def __init__(self, model: str | Path | CompiledModel, *, mode: str = "Reference") -> None:
+    def __init__(self, model: str | Path | CompiledModel, *, mode: str = DEFAULT_MODE) -> None:
         if mode not in RUNNER_FACTORIES:
-            if mode in _NOT_YET:
-                raise PulsarError(_NOT_YET[mode])
             known = sorted(RUNNER_FACTORIES)
             raise PulsarError(f"unknown --mode {mode!r}{did_you_mean(mode, known)}; choose one of {known}")
         self.compiled = model if isinstance(model, CompiledModel) else load_compiled(model)
@@ -138,6 +196,54 @@ class Session:
             checked[info.name] = value
         return checked
 
+    def batched_inputs(self, batch_size: int) -> list[TensorInfo]:
+        """Input infos for ``batch_size`` samples stacked along axis 0 (what ``run_batches`` takes)."""
+        if batch_size < 1:
+            raise PulsarError(f"--batch_size must be at least 1, got {batch_size}")
+        out = []
+        for info in self.inputs:
+            if not info.shape or info.shape[0] < 1:
+                raise PulsarError(f'input "{info.name}" has no static batch dimension (shape {info.shape}); '
+                                  "--batch_size needs one")
+            out.append(TensorInfo(info.name, (info.shape[0] * batch_size, *info.shape[1:]), info.dtype))
+        return out
+
+    def run_batches(self, feeds: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
+        """Run ``batch_size`` stacked samples one compiled batch at a time; outputs stacked on axis 0."""
+        if batch_size == 1:
+            return self.run(feeds)
+        self.batched_inputs(batch_size)
+        parts = []
+        for k in range(batch_size):
+            part = {}
+            for info in self.inputs:
+                value = np.asarray(feeds[info.name])
+                b = info.shape[0]
+                if value.shape[0] != b * batch_size:
+                    raise PulsarError(f'input "{info.name}": expected {batch_size} x {b} samples on axis 0 '
+                                      f"(--batch_size {batch_size}), got shape {value.shape}")
+                part[info.name] = value[k * b:(k + 1) * b]
+            parts.append(self.run(part))
+        return {name: np.concatenate([p[name] for p in parts], axis=0) for name in parts[0]}
+
+    def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every tensor the model computes (inputs, per-layer tensors of every subgraph, outputs):
+        the integer tensors of NPU subgraphs, the float ones of CPU subgraphs."""
+        env = self._check_feeds(feeds)
+        for runner, (ins, _) in zip(self._runners, self._io, strict=True):
+            env.update(runner({n: env[n] for n in ins}, True))
+        return env
+
+    def run_isolated(self, feeds: dict[str, np.ndarray], given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every tensor, each subgraph (and each op of an NPU program) fed the values ``given`` holds
+        for its inputs, e.g. another mode's ``run_all``: where two runs first disagree, per layer."""
+        env = self._check_feeds(feeds)
+        for runner, (ins, _) in zip(self._runners, self._io, strict=True):
+            local = {n: given.get(n, env.get(n)) for n in ins}
+            program = getattr(runner, "program", None)
+            env.update(run_steps_isolated(program, {**given, **local}) if program is not None else runner(local, True))
+        return env
+
     def run(
         self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None
     ) -> dict[str, np.ndarray]:
@@ -160,5 +266,5 @@ class Session:
                 needed |= set(ins)
         for i in reversed(todo):
             ins, _ = self._io[i]
-            env.update(self._runners[i]({n: env[n] for n in ins}))
+            env.update(self._runners[i]({n: env[n] for n in ins}, False))
         return {name: env[name] for name in wanted}

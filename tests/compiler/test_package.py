@@ -150,28 +150,34 @@ def test_qdq_model_container_structure(tmp_path):
     onnx.checker.check_model(loaded)
     props = {p.key: p.value for p in loaded.metadata_props}
     assert props["pulsar.format"] == "pulsar-compiled-model"
-    assert props["pulsar.format_version"] == str(FORMAT_VERSION) == "1"
+    assert props["pulsar.format_version"] == str(FORMAT_VERSION) == "2"
     assert props["pulsar.version"]
     assert json.loads(props["pulsar.target_hardware"]) == "AX650"
     domains = {op.domain: op.version for op in loaded.opset_import}
-    assert domains == {"": 17, "pulsar.npu": 1, "pulsar.cpu": 1}
-    (node,) = loaded.graph.node
-    assert (node.op_type, node.domain) == ("NpuSubgraph", "pulsar.npu")
+    assert domains == {"": 17, "pulsar.npu": 1, "pulsar.cpu": 1, "pulsar.int": 1}
+    # lowered: the input Quantize / output Dequantize on the CPU around one integer NPU subgraph
+    kinds = [(n.op_type, n.domain) for n in loaded.graph.node]
+    assert kinds == [("CpuSubgraph", "pulsar.cpu"), ("NpuSubgraph", "pulsar.npu"), ("CpuSubgraph", "pulsar.cpu")]
+    node = loaded.graph.node[1]
     attrs = {a.name: a for a in node.attribute}
-    assert set(attrs) == {"body", "name", "kind", "options"}
+    assert set(attrs) == {"body", "reference_body", "name", "kind", "options"}
     assert attrs["kind"].s == b"npu" and json.loads(attrs["options"].s) == {}
-    assert list(node.input) == ["images"] and list(node.output) == ["output:0"]
-    # every weight lives at the top level, the body only refers to it
-    assert len(attrs["body"].g.initializer) == 0
-    assert {t.name for t in loaded.graph.initializer} == {t.name for t in model.graph.initializer}
+    assert {n.domain for n in attrs["body"].g.node} == {"pulsar.int"}
+    assert [n.op_type for n in attrs["reference_body"].g.node if n.op_type == "Conv"] == ["Conv"]
+    assert list(node.input) == list(n.name for n in attrs["reference_body"].g.input)
+    # every weight lives at the top level, the bodies only refer to it; the int8 weight is shared by
+    # the integer program and the reference fragment
+    assert len(attrs["body"].g.initializer) == 0 and len(attrs["reference_body"].g.initializer) == 0
+    top = {t.name for t in loaded.graph.initializer}
+    assert {"w_q", "b_q"} <= top
     # default inputs / outputs metadata comes from the model
     compiled = load_compiled(path)
     assert compiled.metadata["inputs"] == [{"name": "images", "dtype": "float32", "shape": [1, 3, 8, 8]}]
     assert compiled.metadata["outputs"][0]["name"] == "output:0"
-    assert compiled.format_version == 1
-    (sg,) = compiled.subgraphs
-    assert (sg.name, sg.kind) == ("npu_0", "npu")
-    assert {t.name for t in sg.graph.initializer} == {t.name for t in model.graph.initializer}
+    assert compiled.format_version == 2
+    sg = compiled.subgraphs[1]
+    assert (sg.name, sg.kind) == ("npu_0", "npu") and sg.reference is not None
+    assert "w_q" in {t.name for t in sg.graph.initializer} and "w_q" in {t.name for t in sg.reference.initializer}
 
 
 def test_metadata_round_trips(tmp_path):
@@ -211,7 +217,7 @@ def test_shared_weight_is_stored_once(tmp_path):
     assert [v.name for v in model.graph.value_info] == ["h"]
 
     x = np.random.default_rng(2).standard_normal((1, N)).astype(np.float32)
-    got = Session(path).run({"x": x})
+    got = Session(path, mode="Reference").run({"x": x})
     np.testing.assert_array_equal(got["y"], expected_two(x, w, w))
 
 
@@ -221,7 +227,7 @@ def test_name_clash_with_different_content_is_renamed(tmp_path):
     names = sorted(t.name for t in onnx.load(str(path)).graph.initializer)
     assert names == ["W", "W__1", "s", "zp"]
     x = np.random.default_rng(3).standard_normal((1, N)).astype(np.float32)
-    np.testing.assert_array_equal(Session(path).run({"x": x})["y"], expected_two(x, w1, w2))
+    np.testing.assert_array_equal(Session(path, mode="Reference").run({"x": x})["y"], expected_two(x, w1, w2))
 
 
 def test_loaded_subgraphs_repackage(tmp_path):
@@ -236,7 +242,7 @@ def test_loaded_subgraphs_repackage(tmp_path):
         path=tmp_path / "b.axmodel",
     )
     x = np.random.default_rng(4).standard_normal((1, N)).astype(np.float32)
-    np.testing.assert_array_equal(Session(again).run({"x": x})["y"], expected_two(x, w1, w2))
+    np.testing.assert_array_equal(Session(again, mode="Reference").run({"x": x})["y"], expected_two(x, w1, w2))
     assert len(onnx.load(str(again)).graph.initializer) == 4
 
 
@@ -275,7 +281,7 @@ def test_rename_reaches_nested_graphs_and_keeps_outputs(tmp_path):
         path=tmp_path / "nested.axmodel",
     )
     assert sorted(t.name for t in onnx.load(str(path)).graph.initializer) == ["C__1", "C__2", "cond"]
-    got = Session(path).run({"x": np.zeros(2, np.float32)})
+    got = Session(path, mode="Reference").run({"x": np.zeros(2, np.float32)})
     np.testing.assert_array_equal(got["y"], [10.0, 40.0])
     np.testing.assert_array_equal(got["C"], [10.0, 20.0])
 
@@ -285,7 +291,7 @@ def test_weights_listed_as_inputs_are_not_model_inputs(tmp_path):
     for t in model.graph.initializer:  # the IR < 4 convention some exporters still follow
         model.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     path = package_qdq_model(model, tmp_path / "old.axmodel", {})
-    sess = Session(path)
+    sess = Session(path, mode="Reference")
     assert [i.name for i in sess.inputs] == ["images"]
     x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
     assert sess.run({"images": x})["output:0"].shape == (1, 4, 8, 8)
@@ -348,7 +354,7 @@ def test_newer_format_version(compiled_path):
                 p.value = "99"
 
     _edit(compiled_path, bump)
-    with pytest.raises(PulsarError, match=r"newer pulsar \(format 99, this pulsar reads up to 1\)") as exc:
+    with pytest.raises(PulsarError, match=r"newer pulsar \(format 99, this pulsar reads up to 2\)") as exc:
         load_compiled(compiled_path)
     assert "upgrade pulsar" in _one_line(exc)
 

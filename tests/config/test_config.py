@@ -147,9 +147,12 @@ def test_layer_config_needs_exactly_one_selector():
 
 def test_unimplemented_fields_are_rejected_not_ignored():
     with pytest.raises(ConfigError) as e:
-        load_build_config({"quant": {"enable_adaround": True}, "compiler": {"npu_perf": True}}, require_io=False)
+        load_build_config({"quant": {"enable_adaround": True, "calibration_percentile": 99.9},
+                           "compiler": {"check_tensor_black_list": ["x"]}}, require_io=False)
     assert any(p.startswith("quant.enable_adaround: true is not accepted") for p in e.value.problems)
-    assert any(p.startswith("compiler.npu_perf: true is not accepted") for p in e.value.problems)
+    # fields that only act together with another one name it
+    assert any(p.startswith("quant.calibration_percentile") and "Percentile" in p for p in e.value.problems)
+    assert any(p.startswith("compiler.check_tensor_black_list") and "CheckPerLayer" in p for p in e.value.problems)
 
 
 def test_sub_configs_do_not_get_defaults_filled():

@@ -1,0 +1,137 @@
+"""``compiler.check``: run the compiled model's integer program and compare it with a reference.
+
+- check 1 (all-close, ``check_rtol`` / ``check_atol``) and 3 (cosine >= ``check_cosine_simularity``)
+  compare the bit-exact simulation (NPUBackend) with the float QDQ reference (the compiled model's
+  own reference bodies in onnxruntime): how far integer arithmetic is from float QDQ math.
+- check 2 (all-equal) compares it with an independent integer reference: the QDQ model lowered
+  again from its scales, packaged in memory and simulated. Any difference means the compiled file
+  does not hold the program its quantization parameters define (a corrupted multiplier, a packaging
+  bug), so equality is the right test there.
+
+``check_mode`` CheckOutput compares the model outputs end to end. CheckPerLayer compares every tensor
+both runs compute (integer tensors of NPU subgraphs, float tensors of CPU subgraphs) in execution
+order, each op fed the reference's values of its inputs, and names the first one that fails
+(skipping names that match a ``check_tensor_black_list`` regex). Feeding the reference's inputs
+matters: a quantized network is chaotic, so one element rounded the other way early on (float32
+QDQ math and exact integer math disagree on ~1e-6 of the elements, on values within float
+rounding of a .5 boundary) spreads into many 1-step differences downstream. End to end, integer
+and float QDQ outputs of a deep network differ about as two float QDQ runs on inputs 1e-5 apart do.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from pulsar.compiler.lower import LowerOptions, lower_qdq_model
+from pulsar.compiler.package import package
+from pulsar.context import BuildContext
+from pulsar.errors import PulsarError
+from pulsar.runtime.io import random_inputs, read_inputs
+from pulsar.runtime.session import Session
+from pulsar.ui import show, table
+
+log = logging.getLogger(__name__)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(a @ b / (na * nb))
+
+
+Compare = Callable[[np.ndarray, np.ndarray, Any], bool]
+CHECKS: dict[int, tuple[str, Compare]] = {
+    1: ("all-close", lambda a, b, c: bool(np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                                                      rtol=c.check_rtol, atol=c.check_atol))),
+    2: ("all-equal", lambda a, b, c: bool(np.array_equal(a, b))),
+    3: ("cosine", lambda a, b, c: cosine(a, b) >= c.check_cosine_simularity),
+}
+
+
+def check_samples(ctx: BuildContext, session: Session) -> list[dict[str, np.ndarray]]:
+    """compiler.input_sample_dir (deployed format); else calibration samples when the compiled inputs
+    are the model's own, else seeded random deployed inputs (processors changed the inputs)."""
+    sample_dir = ctx.cfg.compiler.input_sample_dir
+    if not sample_dir:
+        own = [(i.name, tuple(d.dim_value for d in i.type.tensor_type.shape.dim), i.type.tensor_type.elem_type)
+               for i in ctx.model.graph.input]
+        deployed = [(i.name, tuple(i.shape), onnx.helper.np_dtype_to_tensor_dtype(i.dtype)) for i in session.inputs]
+        if own == deployed and ctx.check_samples:
+            return ctx.check_samples
+        return [random_inputs(session.inputs, seed=i) for i in range(2)]
+    root = Path(sample_dir)
+    if not root.is_dir():
+        raise PulsarError(f"compiler.input_sample_dir: '{sample_dir}' is not a directory")
+    subdirs = sorted(p for p in root.iterdir() if p.is_dir())
+    return [read_inputs(d, session.inputs) for d in (subdirs or [root])]
+
+
+def integer_reference(deployed: onnx.ModelProto, path: Path, lut_items_in_bits: int = 10) -> Session:
+    """The QDQ model lowered again and packaged at ``path``: check 2's independent reference."""
+    lowered = lower_qdq_model(deployed, LowerOptions(lut_items_in_bits=lut_items_in_bits))
+    for sg in lowered.subgraphs:
+        sg.reference = lowered.references.get(sg.name)
+    package(lowered.subgraphs, inputs=lowered.inputs, outputs=lowered.outputs, opset_imports=lowered.opset_imports,
+            metadata={}, path=path, ir_version=deployed.ir_version)
+    return Session(path, mode="NPUBackend")
+
+
+def _describe(got: np.ndarray, want: np.ndarray) -> str:
+    diff = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+    return f"max abs diff {diff.max() if diff.size else 0:.6g}, cosine {cosine(got, want):.6f}, " \
+           f"{int(np.count_nonzero(diff))} of {diff.size} elements differ"
+
+
+def compare(sim: Session, ref: Session, samples: list[dict[str, np.ndarray]], c: Any,
+            ref_name: str) -> tuple[list[tuple[int, str, str]], int]:
+    """Compare ``sim`` with ``ref`` per ``c.check`` / ``c.check_mode``; raise on the first failure.
+    Returns table rows (one per output and sample) and the number of tensor comparisons."""
+    name, ok = CHECKS[c.check]
+    black = [re.compile(p) for p in c.check_tensor_black_list]
+    per_layer = c.check_mode == "CheckPerLayer"
+    rows, compared = [], 0
+    for i, feed in enumerate(samples):
+        if per_layer:
+            want = ref.run_all(feed)
+            got = sim.run_isolated(feed, want)
+            names = [t for t in got if t in want and t not in feed and not any(b.search(t) for b in black)]
+        else:
+            got, want = sim.run(feed), ref.run(feed)
+            names = list(got)
+        for t in names:
+            compared += 1
+            g, w = got[t], want[t]
+            if g.shape != w.shape or not ok(g, w, c):
+                detail = f"shape {g.shape} vs {w.shape}" if g.shape != w.shape else _describe(g, w)
+                what = "tensor" if per_layer else "output"
+                raise PulsarError(f"compiler.check {c.check} ({name}, {c.check_mode}) failed on {what} '{t}' of "
+                                  f"sample {i} against the {ref_name}: {detail}")
+        rows += [(i, o.name, _describe(got[o.name], want[o.name])) for o in sim.outputs]
+    return rows, compared
+
+
+def check_compiled(ctx: BuildContext, compiled: Path, deployed: onnx.ModelProto) -> None:
+    """Run ``compiler.check`` on the compiled model; a failure is a PulsarError naming the tensor."""
+    c = ctx.cfg.compiler
+    sim = Session(compiled, mode="NPUBackend")
+    if c.check == 2:
+        ref = integer_reference(deployed, ctx.path("compiler", "check_reference.pulsar"), c.lut_items_in_bits)
+        ref_name = "integer reference re-lowered from the QDQ model"
+    else:
+        ref, ref_name = Session(compiled, mode="Reference"), "float QDQ reference"
+    samples = check_samples(ctx, sim)
+    if not samples:
+        raise PulsarError("compiler.check: no samples to check with; set compiler.input_sample_dir")
+    rows, compared = compare(sim, ref, samples, c, ref_name)
+    show(table(f"Compiler check {c.check} ({CHECKS[c.check][0]}, {c.check_mode}) vs {ref_name}: pass",
+               ["sample", "output", "difference"], rows), quiet=ctx.quiet)
+    log.info("compiler check %d passed: %d tensor comparisons over %d samples", c.check, compared, len(samples))
