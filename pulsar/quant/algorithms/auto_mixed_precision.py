@@ -1,7 +1,7 @@
 """Automatic mixed precision: raise the layers that lose the most to 16 bits, within a budget.
 
-Sensitivity comes from the end-to-end precision analysis: the cosine a layer loses between its
-inputs and its output inside the quantized network. Candidates are the quantized compute layers,
+Sensitivity comes from the PerLayer precision analysis: the cosine a layer loses on its own (float
+inputs, quantized output). Candidates are the quantized compute layers that touch an 8-bit tensor,
 most sensitive first;
 the search scores the end-to-end output cosine of the QDQ model with the top 1, 2, 4, ... layers
 raised (cheap: calibration statistics are reused, only the export and a few runs repeat) and keeps
@@ -51,20 +51,15 @@ def end_to_end_cosine(float_model: onnx.ModelProto, qmodel: onnx.ModelProto,
 
 def ranked_layers(float_model: onnx.ModelProto, qmodel: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
                   candidates: set[str]) -> list[tuple[str, float]]:
-    """(layer, cosine lost at that layer) for the candidates, largest loss first.
+    """(layer, cosine lost by that layer on its own) for the candidates, largest loss first.
 
-    The loss of a layer is how much the end-to-end cosine of its output falls below the worst
-    end-to-end cosine of its inputs: where the quantized network actually picks up its error (a
-    layer that is bad in isolation can matter little downstream, and the reverse)."""
-    rows = analyze(float_model, qmodel, samples, method="EndToEnd")
-    cos = {r.tensor: float(np.nan_to_num(r.cosine, nan=0.0)) for r in rows}
-    node_out = {r.node: r.tensor for r in rows}
-    inputs = {n.name: [i for i in n.input if i in cos] for n in float_model.graph.node}
-    scored = []
-    for node, tensor in node_out.items():
-        if node in candidates:
-            before = min((cos[i] for i in inputs.get(node, [])), default=1.0)
-            scored.append((node, before - cos[tensor]))
+    The loss is the PerLayer deficit ``1 - cosine``: the layer fed float inputs, its output quantized
+    against the float one. The end-to-end drop at a layer looked attractive but is dominated by the
+    noise carried in from earlier layers: a quantized network is chaotic enough that on a few samples
+    it ranks layers no better than chance (measured on the PP-OCRv4 recognizer: its 8 worst raised
+    gave 0.975 exact match, the PerLayer 8 worst 0.995, float level)."""
+    rows = analyze(float_model, qmodel, samples, method="PerLayer")
+    scored = [(r.node, 1.0 - float(np.nan_to_num(r.cosine, nan=0.0))) for r in rows if r.node in candidates]
     return sorted(scored, key=lambda t: (-t[1], t[0]))
 
 
