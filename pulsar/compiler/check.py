@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 
 from pulsar.compiler.lower import LowerOptions, lower_qdq_model
+from pulsar.compiler.lower.model import SubRange
 from pulsar.compiler.package import package
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
@@ -75,9 +76,12 @@ def check_samples(ctx: BuildContext, session: Session) -> list[dict[str, np.ndar
     return [read_inputs(d, session.inputs) for d in (subdirs or [root])]
 
 
-def integer_reference(deployed: onnx.ModelProto, path: Path, lut_items_in_bits: int = 10) -> Session:
-    """The QDQ model lowered again and packaged at ``path``: check 2's independent reference."""
-    lowered = lower_qdq_model(deployed, LowerOptions(lut_items_in_bits=lut_items_in_bits))
+def integer_reference(deployed: onnx.ModelProto, path: Path, lut_items_in_bits: int = 10,
+                      sub_configs: list[SubRange] | None = None) -> Session:
+    """The QDQ model lowered again and packaged at ``path``: check 2's independent reference (with the
+    compiled model's sub-config ranges, whose options change the integer program)."""
+    lowered = lower_qdq_model(deployed, LowerOptions(lut_items_in_bits=lut_items_in_bits,
+                                                     sub_configs=list(sub_configs or [])))
     for sg in lowered.subgraphs:
         sg.reference = lowered.references.get(sg.name)
     package(lowered.subgraphs, inputs=lowered.inputs, outputs=lowered.outputs, opset_imports=lowered.opset_imports,
@@ -119,12 +123,14 @@ def compare(sim: Session, ref: Session, samples: list[dict[str, np.ndarray]], c:
     return rows, compared
 
 
-def check_compiled(ctx: BuildContext, compiled: Path, deployed: onnx.ModelProto) -> None:
+def check_compiled(ctx: BuildContext, compiled: Path, deployed: onnx.ModelProto,
+                   sub_configs: list[SubRange] | None = None) -> None:
     """Run ``compiler.check`` on the compiled model; a failure is a PulsarError naming the tensor."""
     c = ctx.cfg.compiler
     sim = Session(compiled, mode="NPUBackend")
     if c.check == 2:
-        ref = integer_reference(deployed, ctx.path("compiler", "check_reference.pulsar"), c.lut_items_in_bits)
+        ref = integer_reference(deployed, ctx.path("compiler", "check_reference.pulsar"), c.lut_items_in_bits,
+                                sub_configs)
         ref_name = "integer reference re-lowered from the QDQ model"
     else:
         ref, ref_name = Session(compiled, mode="Reference"), "float QDQ reference"

@@ -5,6 +5,7 @@ packaged into the compiled model (pulsar/compiler/package.py) and checked (pulsa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -17,6 +18,7 @@ from pulsar.compiler.analysis import run_npu_backend_analysis
 from pulsar.compiler.check import check_compiled
 from pulsar.compiler.cost import estimate_model
 from pulsar.compiler.lower import LoweredModel, LowerOptions, fallback_report, lower_qdq_model
+from pulsar.compiler.lower.model import SubRange
 from pulsar.compiler.package import package, tensor_infos
 from pulsar.compiler.targets import load_profile
 from pulsar.compiler.trace import SUMMARY_COLUMNS, chrome_trace, summary_rows
@@ -47,6 +49,38 @@ def attach_processors(ctx: BuildContext, qmodel: onnx.ModelProto) -> onnx.ModelP
     for line in lines + out_lines:
         log.info("processor: %s", line)
     return model
+
+
+# sub-config options that act per subgraph; the others are recorded in the subgraph's options only
+_PER_SUBGRAPH = ("lut_items_in_bits",)
+_RANGE_KEYS = ("start_tensor_names", "end_tensor_names", "sub_configs")
+
+
+def sub_ranges(compiler: Any) -> list[SubRange]:
+    """compiler.sub_configs as lowering ranges; an option a sub-config leaves unset inherits the
+    top-level compiler option (the schema does not fill sub-config defaults for that reason)."""
+    top = {f.name: getattr(compiler, f.name) for f in dataclasses.fields(compiler) if f.name not in _RANGE_KEYS}
+    out = []
+    for i, sc in enumerate(compiler.sub_configs):
+        own = {k: getattr(sc, k, None) for k in top if getattr(sc, k, None) is not None}
+        options = {k: list(v) if isinstance(v, tuple) else v for k, v in {**top, **own}.items()}
+        out.append(SubRange(f"sub{i}", list(sc.start_tensor_names), list(sc.end_tensor_names), options))
+        ignored = sorted(k for k, v in own.items() if k not in _PER_SUBGRAPH and v != top[k])
+        if ignored:
+            log.info("compiler.sub_configs[%d]: %s recorded in the subgraph's options only; they act on the whole "
+                     "model (check, check_mode ... stay global)", i, ", ".join(ignored))
+    return out
+
+
+def _show_sub_configs(lowered: LoweredModel, subs: list[SubRange]) -> None:
+    for sg in lowered.subgraphs:
+        k = sg.options.get("sub_config")
+        if k is None:
+            continue
+        sub = subs[k]
+        log.info("sub_config %s (%s -> %s): NPU subgraph %s, %d ops, lut_items_in_bits %s", sub.name,
+                 ", ".join(sub.start_tensor_names), ", ".join(sub.end_tensor_names), sg.name, len(sg.graph.node),
+                 sub.options.get("lut_items_in_bits"))
 
 
 def _show_placement(ctx: BuildContext, lowered: LoweredModel) -> None:
@@ -93,11 +127,14 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
         log.warning("src_extra_shapes recorded in the compiled model's metadata; only the main input shape is "
                     "compiled by this version")
     deployed = attach_processors(ctx, qmodel)
-    lowered = lower_qdq_model(deployed, LowerOptions(lut_items_in_bits=cfg.compiler.lut_items_in_bits))
+    subs = sub_ranges(cfg.compiler)
+    lowered = lower_qdq_model(deployed, LowerOptions(lut_items_in_bits=cfg.compiler.lut_items_in_bits,
+                                                     sub_configs=subs))
     for sg in lowered.subgraphs:
         sg.reference = lowered.references.get(sg.name)
-        sg.options = {"lut_items_in_bits": cfg.compiler.lut_items_in_bits}
+        sg.options = {"lut_items_in_bits": cfg.compiler.lut_items_in_bits, **sg.options}
     _show_placement(ctx, lowered)
+    _show_sub_configs(lowered, subs)
     meta["estimate"] = _estimate(ctx, lowered)
     meta["inputs"] = tensor_infos(lowered.inputs)
     meta["outputs"] = tensor_infos(lowered.outputs)
@@ -107,7 +144,7 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
                    ir_version=deployed.ir_version)
     ctx.artifacts["compiled model"] = path
     if cfg.compiler.check:
-        check_compiled(ctx, path, deployed)
+        check_compiled(ctx, path, deployed, subs)
     if cfg.quant.precision_analysis and cfg.quant.precision_analysis_mode == "NPUBackend":
         qjson = json.loads(ctx.path("quant", "quant_config.json").read_text())
         run_npu_backend_analysis(ctx, qmodel, qjson, ctx.analysis_samples)

@@ -70,7 +70,13 @@ RULES: list[Rule] = [
     _at_default("compiler.enable_slice_mode"),
     _at_default("compiler.enable_tile_mode"),
     _at_default("compiler.enable_data_soft_compression"),
-    _at_default("compiler.sub_configs"),
+    # per sub-config, the same not-yet features as at the top level (unset: inherited, accepted)
+    *(_at_default(f"compiler.sub_configs[*].{f}", why) for f, why in (
+        ("static_batch_sizes", "multi-batch compilation is not available yet"),
+        ("max_dynamic_batch_size", "multi-batch compilation is not available yet"),
+        ("disable_ir_fix", "only used by multi-batch compilation, which is not available yet"),
+        ("enable_slice_mode", _NOT_YET), ("enable_tile_mode", _NOT_YET),
+        ("enable_data_soft_compression", _NOT_YET))),
 ]
 
 

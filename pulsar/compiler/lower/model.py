@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 
@@ -10,9 +11,26 @@ from pulsar.compiler.package import Subgraph
 
 
 @dataclass
+class SubRange:
+    """A ``compiler.sub_configs`` entry: the ops between its tensors become their own NPU subgraph(s),
+    lowered with ``options`` (the effective compiler options: the top level's, overridden)."""
+
+    name: str
+    start_tensor_names: list[str]
+    end_tensor_names: list[str]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def lut_items_in_bits(self) -> int | None:
+        value = self.options.get("lut_items_in_bits")
+        return None if value is None else int(value)
+
+
+@dataclass
 class LowerOptions:
     lut_items_in_bits: int = 10          # 16-bit LUT inputs: 2**bits + 1 knots
     npu_ops: set[str] | None = None      # None: every op with a rule may go to the NPU
+    sub_configs: list[SubRange] = field(default_factory=list)  # ranges lowered apart, first match wins
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Lower a QDQ model into ordered NPU / CPU subgraphs.
 
 Units (see placement.py) are scheduled in a topological order that keeps running the current kind
-as long as it can, and every change of kind starts a new subgraph (``npu_0``, ``cpu_0``, ...).
+as long as it can, and every change of kind starts a new subgraph (``npu_0``, ``cpu_0``, ...). NPU
+units inside a ``compiler.sub_configs`` range form their own runs (``npu_3_sub0``), never merged with
+units outside it, and their subgraph carries the range's options.
 Each body is self-contained: graph inputs / outputs are the tensors crossing its border, every
 tensor has a value_info, and the initializers it reads are inside (weights keep their QDQ names,
 ``W/q``, ``B/q``, so the packager stores them once). An NPU subgraph has two bodies with the same
@@ -29,8 +31,14 @@ from pulsar.frontend.graph import node_inputs
 log = logging.getLogger(__name__)
 
 
+def _group(u: Unit) -> tuple[str, int | None]:
+    """Units of one group may share a subgraph: same kind and, for NPU units, same sub-config range."""
+    return u.kind, u.sub if u.kind == "npu" else None
+
+
 def schedule(units: list[Unit]) -> list[list[Unit]]:
-    """Units grouped into same-kind runs, in an order that changes kind as rarely as it can greedily."""
+    """Units grouped into same-group runs (kind, sub-config range), in an order that changes group as
+    rarely as it can greedily."""
     producer = {t: i for i, u in enumerate(units) for t in u.makes}
     waiting = [0] * len(units)
     readers: dict[int, list[int]] = {i: [] for i in range(len(units))}
@@ -39,23 +47,23 @@ def schedule(units: list[Unit]) -> list[list[Unit]]:
         waiting[i] = len(deps)
         for d in deps:
             readers[d].append(i)
-    ready: dict[str, list[tuple[int, int]]] = {"npu": [], "cpu": []}
+    ready: dict[tuple[str, int | None], list[tuple[int, int]]] = {_group(u): [] for u in units}
     for i, u in enumerate(units):
         if not waiting[i]:
-            heapq.heappush(ready[u.kind], (u.index, i))
+            heapq.heappush(ready[_group(u)], (u.index, i))
     runs: list[list[Unit]] = []
-    kind = None
-    while ready["npu"] or ready["cpu"]:
-        if kind is None or not ready[kind]:
-            kinds = [k for k in ready if ready[k]]
-            kind = min(kinds, key=lambda k: ready[k][0]) if kind is None else next(k for k in kinds if k != kind)
+    group = None
+    while any(ready.values()):
+        if group is None or not ready[group]:
+            groups = [k for k in ready if ready[k] and k != group]
+            group = min(groups, key=lambda k: ready[k][0])
             runs.append([])
-        _, i = heapq.heappop(ready[kind])
+        _, i = heapq.heappop(ready[group])
         runs[-1].append(units[i])
         for r in readers[i]:
             waiting[r] -= 1
             if not waiting[r]:
-                heapq.heappush(ready[units[r].kind], (units[r].index, r))
+                heapq.heappush(ready[_group(units[r])], (units[r].index, r))
     if sum(len(r) for r in runs) != len(units):
         raise ValueError("the QDQ graph could not be scheduled (cycle between units)")
     return runs
@@ -129,8 +137,10 @@ def _npu_bodies(g: QdqGraph, units: list[Unit], inputs: list[str], outputs: list
 def lower_qdq_model(qmodel: onnx.ModelProto, options: LowerOptions | None = None) -> LoweredModel:
     """Partition a QDQ model into NPU subgraphs (integer program + QDQ reference) and CPU subgraphs."""
     options = options or LowerOptions()
-    if not 1 <= int(options.lut_items_in_bits) <= 16:
-        raise PulsarError(f"lut_items_in_bits {options.lut_items_in_bits} is out of range; use 1..16 (default 10)")
+    for where, bits in [("", options.lut_items_in_bits)] + [(f"compiler.sub_configs '{s.name}': ", s.lut_items_in_bits)
+                                                              for s in options.sub_configs]:
+        if bits is not None and not 1 <= int(bits) <= 16:
+            raise PulsarError(f"{where}lut_items_in_bits {bits} is out of range; use 1..16 (default 10)")
     g = QdqGraph(qmodel)
     units, fallbacks, placement = place(g, options)
     runs = schedule(units)
@@ -146,8 +156,8 @@ def lower_qdq_model(qmodel: onnx.ModelProto, options: LowerOptions | None = None
     references: dict[str, onnx.GraphProto] = {}
     count: Counter[str] = Counter()
     for k, run in enumerate(runs):
-        kind = run[0].kind
-        name = f"{kind}_{count[kind]}"
+        kind, sub = _group(run[0])
+        name = f"{kind}_{count[kind]}" + (f"_{options.sub_configs[sub].name}" if sub is not None else "")
         count[kind] += 1
         inputs = list(dict.fromkeys(t for u in run for t in u.needs if t not in produced_in[k]))
         outputs = list(dict.fromkeys(t for u in run for t in u.makes if t in later[k]))
@@ -156,6 +166,8 @@ def lower_qdq_model(qmodel: onnx.ModelProto, options: LowerOptions | None = None
             continue
         body, references[name] = _npu_bodies(g, run, inputs, outputs, name)
         sg = Subgraph(name=name, kind=kind, graph=body)
+        if sub is not None:
+            sg.options = {**options.sub_configs[sub].options, "sub_config": sub}
         if hasattr(sg, "reference"):  # containers that carry the reference body next to the program
             sg.reference = references[name]
         subgraphs.append(sg)

@@ -10,6 +10,7 @@ of float tensors, the DequantizeLinear of integer tensors that float ops read).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -17,10 +18,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from pulsar.compiler.lower.model import Fallback, LowerOptions
+from pulsar.compiler.lower.model import Fallback, LowerOptions, SubRange
 from pulsar.compiler.lower.qdq_graph import ACTIVATION_TYPES, QdqGraph, is_dq, is_q
 from pulsar.compiler.lower.rules import LowerCtx, Operand, Unsupported, clamp_of, find_rule, relu_clip_bounds
 from pulsar.compiler.lower.rules.lut import LUT_FUNCS, SCALAR_OPS, lower_lut_chain
+from pulsar.errors import PulsarError, did_you_mean
 from pulsar.frontend.graph import DEFAULT_DOMAINS, node_inputs
 from pulsar.quant.ops import MANUAL_OPS
 
@@ -39,6 +41,7 @@ class Unit:
     makes: list[str]                # tensors it writes
     ctx: LowerCtx | None = None     # npu: the integer program
     dq_nodes: list[onnx.NodeProto] = field(default_factory=list)  # npu: the DQs it reads through
+    sub: int | None = None          # npu: index of the compiler.sub_configs range it belongs to
 
 
 def topological_nodes(g: QdqGraph) -> list[onnx.NodeProto]:
@@ -195,9 +198,62 @@ def _cpu_unit(g: QdqGraph, node: onnx.NodeProto, index: int, pulled: set[str]) -
     return Unit("cpu", index, [node], needs, [o for o in node.output if o])
 
 
+def _aliases(g: QdqGraph, sub: SubRange, key: str) -> list[str]:
+    """QDQ tensors standing for the float model's tensors named in ``key``: T itself (a dequantized or
+    float tensor), ``T/float`` (a compute output before its Q) and ``T/q`` (the integer tensor)."""
+    known = set(g.producer) | set(g.consumers)
+    out: list[str] = []
+    for name in getattr(sub, key):
+        found = [a for a in (name, f"{name}/float", f"{name}/q") if a in known]
+        if not found:
+            raise PulsarError(f"compiler.sub_configs '{sub.name}' {key}: tensor '{name}' is not in the quantized "
+                              f"model (the graph optimization fused or removed it){did_you_mean(name, known)}; "
+                              "name a tensor of frontend/optimized.onnx")
+        out += found
+    return out
+
+
+def range_nodes(g: QdqGraph, sub: SubRange) -> set[str]:
+    """Compute nodes (no Q / DQ) on a path from a start tensor to an end tensor of ``sub``."""
+    forward: set[str] = set()
+    stack = _aliases(g, sub, "start_tensor_names")
+    while stack:
+        for n in g.consumers.get(stack.pop(), []):
+            if n.name not in forward:
+                forward.add(n.name)
+                stack.extend(o for o in n.output if o)
+    backward: set[str] = set()
+    stack = _aliases(g, sub, "end_tensor_names")
+    while stack:
+        n = g.producer.get(stack.pop())
+        if n is not None and n.name not in backward:
+            backward.add(n.name)
+            stack.extend(node_inputs(n))
+    return {n.name for n in g.graph.node if n.name in forward & backward and not is_q(n) and not is_dq(n)}
+
+
+def sub_config_of(g: QdqGraph, subs: list[SubRange]) -> dict[str, int]:
+    """QDQ compute node -> index of the first sub-config range holding it."""
+    owner: dict[str, int] = {}
+    for k, sub in enumerate(subs):
+        nodes = range_nodes(g, sub)
+        if not nodes:
+            raise PulsarError(f"compiler.sub_configs '{sub.name}': no op lies between {sub.start_tensor_names} and "
+                              f"{sub.end_tensor_names}; the end tensors must be computed from the start tensors")
+        taken = sorted(n for n in nodes if n in owner)
+        if taken:
+            log.warning("compiler.sub_configs '%s': %d ops already belong to an earlier sub-config (%s); the "
+                        "first one wins", sub.name, len(taken), ", ".join(taken[:3]))
+        owner.update({n: k for n in nodes if n not in owner})
+    return owner
+
+
 def place(g: QdqGraph, options: LowerOptions) -> tuple[list[Unit], list[Fallback], dict[str, str]]:
     """Units in topological order, the fallbacks and the compute-node placement."""
     order = topological_nodes(g)
+    owner = sub_config_of(g, options.sub_configs)
+    per_sub = [dataclasses.replace(options, lut_items_in_bits=s.lut_items_in_bits)
+               if s.lut_items_in_bits is not None else options for s in options.sub_configs]
     pulled = weight_dq_outputs(g)
     units: list[Unit] = []
     fallbacks: list[Fallback] = []
@@ -207,8 +263,10 @@ def place(g: QdqGraph, options: LowerOptions) -> tuple[list[Unit], list[Fallback
     for index, node in enumerate(order):
         if node.name in taken or is_q(node) or is_dq(node):
             continue
-        decided = _try_npu(g, node, index, options)
+        sub = owner.get(node.name)
+        decided = _try_npu(g, node, index, options if sub is None else per_sub[sub])
         if isinstance(decided, Unit):
+            decided.sub = sub
             units.append(decided)
             taken.update(n.name for n in decided.nodes)
             npu_readers.add(node.name)
