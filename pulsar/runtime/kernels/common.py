@@ -355,7 +355,6 @@ class Requant:
         return t.numpy().astype(self.spec.dtype)
 
 
-
 def channel_param(value: np.ndarray | None, what: str, channels: int, ndim_after: int) -> np.ndarray | None:
     """A per-channel vector ([C] or [1]) reshaped to broadcast along axis ``-1 - ndim_after``."""
     if value is None:

@@ -5,10 +5,12 @@ integer of magnitude below 2**24 (bound = max over output channels of sum|w_c| *
 first from the input dtype, then from the actual data), otherwise in float64 (exact below 2**53);
 the bias and the requantization then run in :class:`Requant` (float64 when its bound proves that
 exact, else int64). Padding is applied to ``x - x_zp``, so the padding value is the zero point
-(real 0); a convolution without padding sums the raw ``x`` instead and folds ``- x_zp * sum(w_c)`` into
-the bias, when the raw bound keeps float32 exact (one pass less). 2-D convolutions run channels-last (torch's fastest CPU layout; the summation order does
-not matter for exact integer sums), and their outputs keep that memory layout: a numpy array of the
-logical NCHW shape with NHWC strides, which the next convolution reads without a copy.
+(real 0). A convolution without padding sums the raw codes instead and folds ``- x_zp * sum(w_c)``
+into the bias when the raw bound keeps float32 exact: one pass over the input less.
+
+2-D convolutions run channels-last (torch's fastest CPU layout; the summation order does not matter
+for exact integer sums) and their outputs keep that memory layout: numpy arrays of the logical NCHW
+shape with NHWC strides, which the next convolution reads without a copy.
 """
 
 from __future__ import annotations

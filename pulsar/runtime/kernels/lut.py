@@ -58,7 +58,20 @@ class CodeTable:
         if key not in self._by_dtype:
             full = self.post(expand_table(self.table, self.step_bits, codes))
             self._by_dtype[key] = np.roll(full, -roll) if roll else full
-        return np.take(self._by_dtype[key], view)
+        perm = memory_order(view)
+        if perm is None:
+            return np.take(self._by_dtype[key], view)
+        # gather in memory order (a channels-last input stays channels-last): sequential reads
+        return np.take(self._by_dtype[key], view.transpose(perm)).transpose(np.argsort(perm))
+
+
+def memory_order(x: np.ndarray) -> list[int] | None:
+    """The axis order that makes a dense, non-C-contiguous ``x`` C-contiguous (channels-last
+    activations: N, H, W, C); None when ``x`` is C-contiguous already or not dense."""
+    if x.flags.c_contiguous or x.ndim < 2:
+        return None
+    perm = sorted(range(x.ndim), key=lambda a: -abs(x.strides[a]))
+    return perm if x.transpose(perm).flags.c_contiguous else None
 
 
 @register("QLut", domain=INT_DOMAIN)

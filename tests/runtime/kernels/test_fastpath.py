@@ -250,3 +250,22 @@ def test_program_chains_channels_last_tensors_and_returns_c_order():
     assert out["y"].flags.c_contiguous
     dumps = program.run({"x": x}, keep=True)
     np.testing.assert_array_equal(dumps["c2"], c2)
+
+
+@pytest.mark.parametrize("xdt", [np.int16, np.uint8])
+def test_qlut_gathers_channels_last_inputs_in_memory_order(xdt):
+    from pulsar.runtime.kernels.lut import memory_order
+
+    step_bits = 8 if np.dtype(xdt).itemsize == 2 else 0
+    table = RNG.integers(-30000, 30000, size=257 if step_bits else 256).astype(np.int32)
+    attrs = {"step_bits": step_bits, **intref.out_attrs(np.int16, 0, -20000, 20000)}
+    nhwc = randint((2, 5, 7, 6), xdt)
+    x = nhwc.transpose(0, 3, 1, 2)  # logical NCHW, channels-last memory
+    assert memory_order(x) == [0, 2, 3, 1] and memory_order(np.ascontiguousarray(x)) is None
+    got = intref.run_kernel("QLut", attrs, [x, table])[0]
+    np.testing.assert_array_equal(got, intref.qlut(x, table, attrs))
+    assert got.transpose(0, 2, 3, 1).flags.c_contiguous  # the layout came through
+    sliced = x[:, :, ::2]  # not dense: gathered in logical order, same values
+    assert memory_order(sliced) is None
+    np.testing.assert_array_equal(intref.run_kernel("QLut", attrs, [sliced, table])[0],
+                                  intref.qlut(sliced, table, attrs))
