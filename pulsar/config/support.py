@@ -61,7 +61,6 @@ RULES: list[Rule] = [
     _at_default("quant.finetune_batch_size", _FINETUNE),
     _at_default("quant.finetune_lr", _FINETUNE),
     _at_default("quant.device", _FINETUNE + "; calibration runs in onnxruntime on the CPU"),
-    _at_default("output_processors"),
     _at_default("compiler.static_batch_sizes", "multi-batch compilation is not available yet"),
     _at_default("compiler.max_dynamic_batch_size", "multi-batch compilation is not available yet"),
     _at_default("compiler.disable_ir_fix", "only used by multi-batch compilation, which is not available yet"),

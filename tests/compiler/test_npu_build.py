@@ -138,3 +138,16 @@ def test_precision_analysis_from_the_simulator(tiny, tmp_path):
     with pytest.raises(PulsarError, match="precision_analysis_method EndToEnd"):
         cfg["quant"]["precision_analysis_method"] = "PerLayer"
         pulsar.build(tiny["model"], tmp_path / "bad", cfg, quiet=True)
+
+
+def test_output_processors_in_a_build(tiny, tmp_path):
+    cfg = {"quant": {"input_configs": [{"tensor_name": "image", "calibration_dataset": str(tiny["calib"]),
+                                        "calibration_format": "Numpy", "calibration_size": 4}]},
+           "output_processors": [{"tensor_name": "logits", "output_dtype": "S16"}],
+           "compiler": {"check": 2, "check_mode": "CheckPerLayer"}}
+    res = pulsar.build(tiny["model"], tmp_path / "o", cfg, quiet=True)
+    sess = Session(res.compiled_model)
+    assert sess.outputs[0].dtype == np.int16
+    y = sess.run(_x())["logits"]
+    ref = Session(res.compiled_model, mode="Reference").run(_x())["logits"]
+    assert y.dtype == np.int16 and np.abs(y.astype(int) - ref.astype(int)).max() <= 2
