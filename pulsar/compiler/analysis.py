@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from pulsar.compiler.lower.model import SubRange
 from pulsar.compiler.package import package_qdq_model
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
@@ -44,10 +45,12 @@ def _float_values(model: onnx.ModelProto, names: list[str]) -> ort.InferenceSess
 
 
 def npu_backend_rows(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str, Any],
-                     samples: Iterable[dict[str, np.ndarray]]) -> list[LayerPrecision]:
-    """One row per float-model layer whose output the simulated model computes."""
+                     samples: Iterable[dict[str, np.ndarray]],
+                     sub_configs: list[SubRange] | None = None) -> list[LayerPrecision]:
+    """One row per float-model layer whose output the simulated model computes; ``sub_configs``
+    lowers their ranges with their own options, as the compiled model does."""
     path = package_qdq_model(qmodel, ctx.path("quant", "debug", "npu_backend_analysis.pulsar"), {},
-                             lut_items_in_bits=ctx.cfg.compiler.lut_items_in_bits)
+                             lut_items_in_bits=ctx.cfg.compiler.lut_items_in_bits, sub_configs=sub_configs)
     sim = Session(path, mode="NPUBackend")
     tensors = qjson.get("tensors", {})
     layers = [(n.name or f"{n.op_type}_{i}", n, n.output[0]) for i, n in enumerate(ctx.model.graph.node)
@@ -82,8 +85,9 @@ def npu_backend_rows(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str
 
 
 def run_npu_backend_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str, Any],
-                             samples: Iterable[dict[str, np.ndarray]]) -> None:
-    rows = npu_backend_rows(ctx, qmodel, qjson, samples)
+                             samples: Iterable[dict[str, np.ndarray]],
+                             sub_configs: list[SubRange] | None = None) -> None:
+    rows = npu_backend_rows(ctx, qmodel, qjson, samples, sub_configs)
     title = "Quant Precision Table [EndToEnd NPUBackend]"
     from pulsar.ui import show
 

@@ -302,13 +302,15 @@ def tensor_infos(values: Iterable[onnx.ValueInfoProto]) -> list[dict[str, object
 
 
 def package_qdq_model(model: onnx.ModelProto, path: str | Path, metadata: dict,
-                      lut_items_in_bits: int = 10) -> Path:
-    """Lower a QDQ model (NPU integer programs + CPU subgraphs) and write it as a compiled model."""
+                      lut_items_in_bits: int = 10, sub_configs: list | None = None) -> Path:
+    """Lower a QDQ model (NPU integer programs + CPU subgraphs) and write it as a compiled model;
+    ``sub_configs``: :class:`~pulsar.compiler.lower.model.SubRange` ranges lowered with their own options."""
     from pulsar.compiler.lower import LowerOptions, lower_qdq_model  # the lowering builds Subgraphs
 
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
-    lowered = lower_qdq_model(model, LowerOptions(lut_items_in_bits=lut_items_in_bits))
+    lowered = lower_qdq_model(model, LowerOptions(lut_items_in_bits=lut_items_in_bits,
+                                                  sub_configs=list(sub_configs or [])))
     for sg in lowered.subgraphs:
         sg.reference = lowered.references.get(sg.name)
     meta = dict(metadata)

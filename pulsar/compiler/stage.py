@@ -147,5 +147,5 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
         check_compiled(ctx, path, deployed, subs)
     if cfg.quant.precision_analysis and cfg.quant.precision_analysis_mode == "NPUBackend":
         qjson = json.loads(ctx.path("quant", "quant_config.json").read_text())
-        run_npu_backend_analysis(ctx, qmodel, qjson, ctx.analysis_samples)
+        run_npu_backend_analysis(ctx, qmodel, qjson, ctx.analysis_samples, subs)
     return path

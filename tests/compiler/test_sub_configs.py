@@ -133,3 +133,17 @@ def test_lut_items_in_bits_applies_per_range_and_check_2_passes(tmp_path):
     # 16 - bits: sig1 at the top-level 10 bits, sig2 in the range at 12 bits and in its own subgraph
     assert step_bits == {"sig1": (6, None), "sig2": (4, 0)}
     assert "compiler check 2 passed" in (tmp_path / "out" / "build.log").read_text()
+
+
+def test_npu_backend_precision_analysis_lowers_the_sub_config_ranges(tiny, tmp_path):
+    quant = {"input_configs": [{"tensor_name": "image", "calibration_dataset": str(tiny["calib"]),
+                                "calibration_format": "Numpy", "calibration_size": 4}],
+             "precision_analysis": True, "precision_analysis_method": "EndToEnd",
+             "precision_analysis_mode": "NPUBackend"}
+    compiler = {"sub_configs": [{**RANGE, "lut_items_in_bits": 8}]}
+    pulsar.build(tiny["model"], tmp_path / "o", {"quant": quant, "compiler": compiler}, quiet=True)
+    analysed = _subgraphs(tmp_path / "o" / "quant" / "debug" / "npu_backend_analysis.pulsar")
+    subs = [sg for sg in analysed if "sub_config" in sg.options]
+    assert [sg.name.endswith("_sub0") for sg in subs] == [True]
+    assert subs[0].options["lut_items_in_bits"] == 8
+    assert (tmp_path / "o" / "quant" / "debug" / "precision_analysis_table.txt").is_file()
