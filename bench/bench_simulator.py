@@ -7,6 +7,8 @@ bench/bench_quant.py), then times, over the same ``--n`` preprocessed photo crop
 
 - ``pulsar NPUBackend``: ``pulsar.Session(compiled)`` in its default mode (the bit-exact integer
   simulator for NPU subgraphs);
+- ``pulsar NPUBackend ||``: the same, over all images with ``Session.run_many`` (what ``pulsar run
+  --list`` does): ``--threads`` images at a time, each on one core (torch at one thread meanwhile);
 - ``pulsar Reference``: the same compiled model with every NPU subgraph run as its float QDQ
   fragment in onnxruntime (for information);
 - ``onnxruntime float``: ``ort.InferenceSession`` on the float model, ``intra_op_num_threads`` set
@@ -20,11 +22,8 @@ and the fastest pass is kept.
 The acceptance figure is the wall-clock ratio, and it is only meaningful on an otherwise idle
 machine: while other processes compete for the cores, read the thread CPU-time ratio at
 ``--threads 1`` instead (every torch and onnxruntime kernel then runs on the calling thread, so it is
-each runner's exact CPU cost). The process CPU time also counts spin-waiting worker threads: pulsar's
-own CPU subgraphs (input quantization, output dequantization) run in onnxruntime sessions with
-default options (a thread pool of one thread per core that spins between runs), which this
-benchmark does not change; with ``--threads`` above 1 those spinning threads also compete with
-torch's for the cores and slow the wall clock of NPUBackend.
+each runner's exact CPU cost). The thread and process CPU columns of the ``||`` row count only the
+calling thread and the whole process, so only its wall column compares.
 """
 
 from __future__ import annotations
@@ -68,21 +67,31 @@ class Timing:
         return self.n / self.thread_s if self.thread_s > 0 else float("inf")
 
 
-def time_runs(name: str, fn: Callable[[np.ndarray], object], inputs: list[np.ndarray], warmup: int,
-              repeat: int = 1) -> Timing:
-    """Best of ``repeat`` passes over ``inputs`` (wall and CPU of the same pass), after ``warmup`` calls."""
-    for x in inputs[:warmup]:
-        fn(x)
+def time_batch(name: str, fn: Callable[[list[np.ndarray]], object], inputs: list[np.ndarray], warmup: int,
+               repeat: int = 1) -> Timing:
+    """Best of ``repeat`` passes of ``fn(inputs)`` (wall and CPU of the same pass), after one call on
+    the first ``warmup`` inputs."""
+    if warmup:
+        fn(inputs[:warmup])
     best: Timing | None = None
     for _ in range(repeat):
         c0, h0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
-        for x in inputs:
-            fn(x)
+        fn(inputs)
         t = Timing(name, len(inputs), time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - h0)
         if best is None or t.wall_s < best.wall_s:
             best = t
     assert best is not None
     return best
+
+
+def time_runs(name: str, fn: Callable[[np.ndarray], object], inputs: list[np.ndarray], warmup: int,
+              repeat: int = 1) -> Timing:
+    """:func:`time_batch` of a runner called once per input, one after the other."""
+    def each(xs: list[np.ndarray]) -> None:
+        for x in xs:
+            fn(x)
+
+    return time_batch(name, each, inputs, warmup, repeat)
 
 
 def build_mbv2(work: Path, reuse: bool) -> tuple[Path, Path]:
@@ -117,6 +126,8 @@ def bench(float_model: Path, compiled: Path, n: int, threads: int, warmup: int, 
 
     timings = [
         time_runs("pulsar NPUBackend", lambda x: npu.run({name: x}), inputs, warmup, repeat),
+        time_batch("pulsar NPUBackend ||", lambda xs: npu.run_many([{name: x} for x in xs]), inputs, warmup,
+                   repeat),
         time_runs("onnxruntime float", lambda x: sess.run(None, {ort_name: x}), inputs, warmup, repeat),
     ]
     diff = float("nan")
@@ -131,7 +142,7 @@ def bench(float_model: Path, compiled: Path, n: int, threads: int, warmup: int, 
 
 def report(timings: list[Timing], threads: int, diff: float) -> str:
     by = {t.name: t for t in timings}
-    npu, base = by["pulsar NPUBackend"], by["onnxruntime float"]
+    npu, par, base = by["pulsar NPUBackend"], by["pulsar NPUBackend ||"], by["onnxruntime float"]
     lines = [f"MobileNetV2, {npu.n} images, {threads} thread(s) (torch and onnxruntime intra-op)",
              "images/s by wall clock, by CPU time of the calling thread, by CPU time of the whole process",
              f"{'runner':<20}{'wall':>10}{'thread':>10}{'process':>10}{'wall ms/img':>13}{'thread ms/img':>15}"]
@@ -140,6 +151,8 @@ def report(timings: list[Timing], threads: int, diff: float) -> str:
                      f"{1000 * t.wall_s / t.n:>13.2f}{1000 * t.thread_s / t.n:>15.2f}")
     lines.append(f"ratio NPUBackend / onnxruntime: wall {npu.wall_ips / base.wall_ips:.3f}, "
                  f"thread CPU {npu.thread_ips / base.thread_ips:.3f}, process CPU {npu.cpu_ips / base.cpu_ips:.3f}")
+    lines.append(f"ratio NPUBackend || (Session.run_many, {threads} sample(s) at a time, one core each) / "
+                 f"onnxruntime: wall {par.wall_ips / base.wall_ips:.3f}")
     if diff == diff:
         lines.append(f"max |NPUBackend - Reference| on the first image: {diff:.3g}")
     return "\n".join(lines)

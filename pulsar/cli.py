@@ -128,12 +128,14 @@ def run(
                                                                  "file, run one compiled batch at a time")] = 1,
     perlayer: Annotated[bool, typer.Option("--enable_perlayer_output", help="also write every tensor to "
                                                                             "<output_dir>/perlayer/")] = False,
+    workers: Annotated[int | None, typer.Option("--workers", help="independent samples run in parallel, one "
+                                                                  "core each (default: one per core)")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ) -> None:
     from pulsar.api import run_model
 
     run_model(model=model, output_dir=output_dir, input_dir=input_dir, list_file=list_file,
-              random_input=random_input, mode=mode, batch_size=batch_size, perlayer=perlayer)
+              random_input=random_input, mode=mode, batch_size=batch_size, perlayer=perlayer, workers=workers)
 
 
 @config_app.command("schema", help="Print the JSON Schema of the build config.")

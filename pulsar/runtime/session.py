@@ -11,13 +11,15 @@ How one subgraph body runs is chosen by ``mode`` from a small registry:
   precision analysis uses), not onnxruntime's own integer kernels; CPU subgraphs as above.
 
 Both modes exchange the same integer tensors at NPU borders, so a CPU subgraph never knows which
-mode produced its input.
+mode produced its input. Several samples (``run_many``, ``run_batches``) run in parallel threads,
+one core each (:mod:`pulsar.runtime.parallel`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from onnx import helper
 
 from pulsar.compiler.package import SUBGRAPH_KINDS, CompiledModel, Subgraph, load_compiled
 from pulsar.errors import PulsarError, did_you_mean
+from pulsar.runtime.parallel import map_samples
 
 log = logging.getLogger(__name__)
 
@@ -95,19 +98,23 @@ def ort_runner(graph: onnx.GraphProto, name: str, opsets: list[onnx.OperatorSetI
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = ir_version
     sessions: dict[bool, tuple[ort.InferenceSession, list[str]]] = {}
+    lock = threading.Lock()  # samples may run in parallel threads (Session.run_many)
 
     def session(keep: bool) -> tuple[ort.InferenceSession, list[str]]:
-        if keep not in sessions:
-            m = _with_all_outputs(model) if keep else model
-            try:
-                sess = ort.InferenceSession(m.SerializeToString(), reference_session_options(),
-                                            providers=["CPUExecutionProvider"])
-            except Exception as exc:  # onnxruntime raises its own exception types
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise PulsarError(
-                    f"subgraph {name!r} cannot be loaded by onnxruntime ({first}); rebuild the model"
-                ) from None
-            sessions[keep] = (sess, [o.name for o in sess.get_outputs()])
+        with lock:
+            return sessions[keep] if keep in sessions else create(keep)
+
+    def create(keep: bool) -> tuple[ort.InferenceSession, list[str]]:
+        m = _with_all_outputs(model) if keep else model
+        try:
+            sess = ort.InferenceSession(m.SerializeToString(), reference_session_options(),
+                                        providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PulsarError(
+                f"subgraph {name!r} cannot be loaded by onnxruntime ({first}); rebuild the model"
+            ) from None
+        sessions[keep] = (sess, [o.name for o in sess.get_outputs()])
         return sessions[keep]
 
     session(False)
@@ -210,12 +217,14 @@ class Session:
             out.append(TensorInfo(info.name, (info.shape[0] * batch_size, *info.shape[1:]), info.dtype))
         return out
 
-    def run_batches(self, feeds: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
-        """Run ``batch_size`` stacked samples one compiled batch at a time; outputs stacked on axis 0."""
+    def run_batches(self, feeds: dict[str, np.ndarray], batch_size: int,
+                    workers: int | None = None) -> dict[str, np.ndarray]:
+        """Run ``batch_size`` stacked samples one compiled batch at a time (``workers`` of them in
+        parallel, see :meth:`run_many`); outputs stacked on axis 0."""
         if batch_size == 1:
             return self.run(feeds)
         self.batched_inputs(batch_size)
-        parts = []
+        parts: list[dict[str, np.ndarray]] = []
         for k in range(batch_size):
             part = {}
             for info in self.inputs:
@@ -225,8 +234,15 @@ class Session:
                     raise PulsarError(f'input "{info.name}": expected {batch_size} x {b} samples on axis 0 '
                                       f"(--batch_size {batch_size}), got shape {value.shape}")
                 part[info.name] = value[k * b:(k + 1) * b]
-            parts.append(self.run(part))
-        return {name: np.concatenate([p[name] for p in parts], axis=0) for name in parts[0]}
+            parts.append(part)
+        results = self.run_many(parts, workers=workers)
+        return {name: np.concatenate([p[name] for p in results], axis=0) for name in results[0]}
+
+    def run_many(self, samples: Sequence[dict[str, np.ndarray]], output_names: list[str] | None = None,
+                 workers: int | None = None) -> list[dict[str, np.ndarray]]:
+        """``[run(s) for s in samples]`` with up to ``workers`` samples at a time, one core each
+        (default: one worker per core; see :mod:`pulsar.runtime.parallel`). Same results, same order."""
+        return map_samples(lambda feeds: self.run(feeds, output_names), list(samples), workers)
 
     def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every tensor the model computes (inputs, per-layer tensors of every subgraph, outputs):

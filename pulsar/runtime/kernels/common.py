@@ -344,10 +344,10 @@ class Requant:
         r, c, _ = self._torch64  # type: ignore[misc]
         t = scratch_like("requant", acc, torch.float64)
         t.copy_(acc)
-        if isinstance(r, float):
-            t.mul_(r).add_(c)
+        if isinstance(r, float) or t.is_contiguous():
+            t.mul_(r).add_(c)  # channel-major: each channel's r and c broadcast over a contiguous run
         else:
-            torch.addcmul(c, t, r, out=t)  # c + t * r: both terms exact, so one rounding-free pass
+            torch.addcmul(c, t, r, out=t)  # channels-last: c + t * r in one pass (both terms exact)
         return finish_float(t, self.spec)
 
     def _cast(self, t: Any) -> np.ndarray:
