@@ -28,13 +28,17 @@ _BUILD_FLAGS = {"--config": "value", "--debug": "bool", "--quiet": "bool", "--he
 
 
 def _fail(message: str, debug: bool = False) -> None:
-    from pulsar.ui import console
+    """``error: <message>`` on stderr (user text printed literally), exit 2."""
+    from rich.text import Text
+
+    from pulsar.ui import console, literal
 
     if debug:
         console.print_exception()
     for i, line in enumerate(message.split("\n")):
-        console.print(("[bold red]error:[/] " if i == 0 else "  ") + line, markup=True, highlight=False,
-                      soft_wrap=True)
+        text = Text("error: " if i == 0 else "  ", style="bold red" if i == 0 else "")
+        text.append(literal(line))
+        console.print(text, soft_wrap=True, markup=False, highlight=False)
     raise typer.Exit(2)
 
 

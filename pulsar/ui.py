@@ -1,37 +1,120 @@
-"""Console and log output: rich on the terminal, the same text in ``<output_dir>/build.log``."""
+"""Console and log output: rich on the terminal, the same text in ``<output_dir>/build.log``.
+
+Two rules hold for everything printed here:
+
+- User text (tensor names, paths, config values) is printed literally: never read as rich markup,
+  and control characters (terminal escape sequences, newlines) are shown escaped (``\\x1b``), so a
+  name cannot recolour, move or clear the user's terminal. :func:`literal` does it.
+- When a stream is not a terminal (CI logs, ``| tee``, ``| grep``) nothing is cut to 80 columns:
+  tables are printed at their natural width and log lines are plain text.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.logging import RichHandler
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False)  # progress, logs, tables of a build: stderr
+out_console = Console(highlight=False)  # results and help: stdout
 log = logging.getLogger("pulsar")
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_ALL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    c = m.group(0)
+    return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c, f"\\x{ord(c):02x}")
+
+
+def literal(text: object, *, keep_newlines: bool = False) -> str:
+    """``text`` with control characters written out (``\\x1b``, ``\\n``), safe for any terminal.
+
+    Rich markup is not touched here: print the result with ``markup=False`` or inside a ``Text``."""
+    pattern = _CONTROL if keep_newlines else _CONTROL_ALL
+    return pattern.sub(_escape_char, str(text))
+
+
+def cell(value: object) -> Text:
+    """A table cell that shows ``value`` literally (a ``Text`` keeps its own style)."""
+    if isinstance(value, Text):
+        return value
+    return Text(literal(value))
+
+
+def print_literal(text: object, *, target: Console | None = None, style: str | None = None) -> None:
+    """Print user text as it is: no markup, no highlighting, control characters escaped, no wrapping."""
+    (target or console).print(Text(literal(text, keep_newlines=True), style=style or ""), soft_wrap=True,
+                              markup=False, highlight=False)
+
+
+def print_renderable(renderable: RenderableType, *, target: Console | None = None) -> None:
+    """Print a table (or any renderable) in full: at its natural width when the stream is not a
+    terminal, so piped output is never cut to 80 columns."""
+    c = target or console
+    if c.is_terminal:
+        c.print(renderable)
+        return
+    width = Measurement.get(c, c.options.update(width=100_000), renderable).maximum
+    c.print(renderable, width=max(width, 20))
+
+
+class _LiteralFilter(logging.Filter):
+    """Escape control characters in every log message (names and paths come from users)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        clean = literal(msg, keep_newlines=True)
+        if clean != msg or record.args:
+            record.msg, record.args = clean, None
+        return True
+
+
+class _PlainConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Log lines for a stderr that is not a terminal: one plain line each, never wrapped."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.setFormatter(logging.Formatter("%(levelname)-8s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr  # follow redirections (tests, CliRunner)
+        super().emit(record)
 
 
 class _PlainFileHandler(logging.FileHandler):
     def __init__(self, path: Path):
         super().__init__(path, mode="w", encoding="utf-8")
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        self.addFilter(_LiteralFilter())
 
 
 def setup_logging(*, quiet: bool = False, debug: bool = False) -> None:
     """Route the ``pulsar`` logger to the console (idempotent)."""
     log.setLevel(logging.DEBUG)
     for h in list(log.handlers):
-        if isinstance(h, RichHandler):
+        if isinstance(h, (RichHandler, _PlainConsoleHandler)):
             log.removeHandler(h)
-    handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+    handler: logging.Handler
+    if console.is_terminal:
+        handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+    else:
+        handler = _PlainConsoleHandler()
     handler.setLevel(logging.DEBUG if debug else (logging.WARNING if quiet else logging.INFO))
+    handler.addFilter(_LiteralFilter())  # on the handler: logger filters miss child loggers' records
     log.addHandler(handler)
     log.propagate = False
 
@@ -53,7 +136,8 @@ def log_file(path: Path) -> Iterator[None]:
 def _to_log_file(renderable: Any) -> None:
     """Render a rich object as plain text into the build log (not to the terminal)."""
     plain = Console(width=160, no_color=True, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
-    plain.print(renderable)
+    width = Measurement.get(plain, plain.options.update(width=100_000), renderable).maximum
+    plain.print(renderable, width=max(width, 20))
     text = plain.export_text()
     plain.file.close()
     for h in log.handlers:
@@ -63,17 +147,20 @@ def _to_log_file(renderable: Any) -> None:
 
 
 def show(renderable: Any, *, quiet: bool = False) -> None:
+    """A table on the console (in full, see :func:`print_renderable`) and in the build log."""
     if not quiet:
-        console.print(renderable)
+        print_renderable(renderable)
     _to_log_file(renderable)
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
-    t = Table(title=title, title_justify="left", title_style="bold")
+    """A table whose cells are shown literally (``Text`` cells keep their style); long values fold
+    onto the next line on a narrow terminal instead of being cut with an ellipsis."""
+    t = Table(title=Text(literal(title)), title_justify="left", title_style="bold")
     for c in columns:
-        t.add_column(c)
+        t.add_column(Text(literal(c)), overflow="fold")
     for r in rows:
-        t.add_row(*[str(x) for x in r])
+        t.add_row(*[cell(x) for x in r])
     return t
 
 
@@ -87,7 +174,10 @@ class Stages:
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         if not self.quiet:
-            console.rule(f"[bold cyan]{name}")
+            if console.is_terminal:
+                console.rule(Text(literal(name), style="bold cyan"))
+            else:
+                print_literal(f"── {name} ──")
         log.debug("stage %s", name)
         t0 = time.perf_counter()
         try:

@@ -6,8 +6,8 @@ import math
 import os
 from collections.abc import Sequence
 
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from pulsar.quant.analysis.metrics import grade
 from pulsar.quant.analysis.perlayer import LayerPrecision
@@ -59,9 +59,8 @@ def precision_table(rows: Sequence[LayerPrecision], title: str = TITLE) -> Table
     """The same table for the console, cosine coloured green / yellow / red (see metrics.grade)."""
     body = []
     for r in rows:
-        c = [escape(x) for x in cells(r)]  # names may contain '[' (rich markup)
-        style = _STYLE[grade(r.cosine)]
-        c[6] = f"[{style}]{c[6]}[/]"
+        c: list[str | Text] = list(cells(r))  # shown literally by ui.table (names may hold '[' or escapes)
+        c[6] = Text(str(c[6]), style=_STYLE[grade(r.cosine)])
         body.append(c)
     t = table(title, COLUMNS, body)
     for i in (6, 7, 8):
