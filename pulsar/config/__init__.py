@@ -11,6 +11,7 @@ from typing import Any
 from pulsar.config.loader import read_config_file
 from pulsar.config.model import to_typed
 from pulsar.config.overrides import apply_overrides
+from pulsar.config.sanity import check_paths, check_raw
 from pulsar.config.schema import default_config, fill_defaults, load_schema
 from pulsar.config.support import check_supported
 from pulsar.config.validate import ConfigError, validate
@@ -27,7 +28,27 @@ class EffectiveConfig:
 
     @property
     def hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.data, sort_keys=True).encode()).hexdigest()[:16]
+        """Hash of the settings that change the compiled model: not where it is written
+        (``output_dir``, ``work_dir``) nor where the model file lies (``input``)."""
+        keep = {k: v for k, v in self.data.items() if k not in _NOT_HASHED}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_NOT_HASHED = ("input", "output_dir", "work_dir")
+
+
+def _from_flags(problems: list[str], flag_paths: list[str], source: str) -> ConfigError:
+    """Name the command-line flag (``--quant.calibration_method``) for problems it caused, and the
+    config file for the rest."""
+    out: list[str] = []
+    from_file = False
+    for line in problems:
+        flag = next((k for k in flag_paths if line.startswith(k) and line[len(k):len(k) + 1] in (":", ".", "[")),
+                    None)
+        if flag is None:
+            from_file = True
+        out.append(f"--{line}" if flag else line)
+    return ConfigError(out, source if from_file else "command line")
 
 
 def load_build_config(config: str | Path | dict[str, Any] | None = None,
@@ -39,17 +60,22 @@ def load_build_config(config: str | Path | dict[str, Any] | None = None,
         data, source = read_config_file(config), str(config)
     else:
         data, source = {}, "command line"
-    try:
-        merged = apply_overrides(data, overrides or {})
-    except ConfigError:
-        raise
+    flags = sorted(overrides or {}, key=len, reverse=True)
+    problems = check_raw(data)  # before anything copies or expands it
+    problems += check_raw({k: v for k, v in (overrides or {}).items()})
+    if problems:
+        raise _from_flags(problems, flags, source)
+    merged = apply_overrides(data, overrides or {})
     full = fill_defaults(merged)
-    validate(full, source)
-    problems = []
+    try:
+        validate(full, source)
+    except ConfigError as e:
+        raise _from_flags(e.problems, flags, source) from None
+    problems = check_paths(full)
     if require_io:
         problems += [f"{key}: required (give --{key} or set it in the config)" for key in ("input", "output_dir")
                      if not full.get(key)]
     problems += check_supported(full)
     if problems:
-        raise ConfigError(problems, source)
+        raise _from_flags(problems, flags, source)
     return EffectiveConfig(full, to_typed(full))

@@ -1,15 +1,23 @@
-"""Read a config file: JSON (with ``#`` / ``//`` comments, as users write them), YAML or TOML."""
+"""Read a config file: JSON (with ``#`` / ``//`` comments, as users write them), YAML or TOML.
+
+The parsers never fail without saying where: a key given twice is kept as a
+:class:`~pulsar.config.sanity.Duplicate` and an over-long integer as a
+:class:`~pulsar.config.sanity.HugeInt`, so that :func:`pulsar.config.sanity.check_raw` reports them
+with their JSON path; nesting too deep for the parser and files too large are one-line errors.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from pulsar.config.sanity import MAX_FILE_BYTES, MAX_INT_DIGITS, Duplicate, HugeInt
 from pulsar.errors import PulsarError
 
 if sys.version_info >= (3, 11):
@@ -30,51 +38,88 @@ def register_parser(*suffixes: str) -> Callable[[Parser], Parser]:
     return deco
 
 
+# A JSON string (with escapes), or a # / // comment running to the end of the line.
+_STRING_OR_COMMENT = re.compile(r'"(?:\\.|[^"\\\n])*"|(?:#|//)[^\n]*')
+
+
 def strip_json_comments(text: str) -> str:
     """Remove ``#`` and ``//`` line comments outside strings, keeping line numbers intact."""
-    out: list[str] = []
-    in_str = escape = False
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if in_str:
-            out.append(c)
-            if escape:
-                escape = False
-            elif c == "\\":
-                escape = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-            out.append(c)
-        elif c == "#" or text.startswith("//", i):
-            while i < n and text[i] != "\n":
-                i += 1
-            continue
-        else:
-            out.append(c)
-        i += 1
-    return "".join(out)
+    return _STRING_OR_COMMENT.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "", text)
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for k, v in pairs:
+        out[Duplicate(k) if k in out else k] = v
+    return out
+
+
+def _json_int(text: str) -> int | HugeInt:
+    digits = len(text.lstrip("-"))
+    return HugeInt(digits) if digits > MAX_INT_DIGITS else int(text)
+
+
+def parse_json_text(text: str, where: str, invalid: str = "invalid JSON") -> Any:
+    """JSON with duplicate keys and over-long integers marked (see module docstring); NaN / Infinity
+    literals are read as floats and rejected later by path."""
+    try:
+        return json.loads(text, object_pairs_hook=_json_pairs, parse_int=_json_int)
+    except json.JSONDecodeError as e:
+        raise PulsarError(f"{where}: {invalid} at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise PulsarError(f"{where}: nested too deeply to read; a config is at most a few levels deep") from None
 
 
 @register_parser(".json")
 def _parse_json(text: str, path: Path) -> Any:
-    try:
-        return json.loads(strip_json_comments(text))
-    except json.JSONDecodeError as e:
-        raise PulsarError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+    return parse_json_text(strip_json_comments(text), str(path))
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that keeps a duplicate key (with its line) instead of letting the last one win,
+    and marks integers too long to convert."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
+        n_explicit = sum(1 for k, _v in node.value if k.tag != "tag:yaml.org,2002:merge")
+        self.flatten_mapping(node)  # merged entries (<<) first; explicit keys may override them
+        first_explicit = len(node.value) - n_explicit
+        mapping: dict[Any, Any] = {}
+        explicit: set[Any] = set()
+        for i, (key_node, value_node) in enumerate(node.value):
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
+                                                        key_node.start_mark)
+            value = self.construct_object(value_node, deep=deep)
+            if i >= first_explicit:
+                if key in explicit:
+                    key = Duplicate(str(key), f"line {key_node.start_mark.line + 1}")
+                else:
+                    explicit.add(key)
+            mapping[key] = value
+        return mapping
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int | HugeInt:  # type: ignore[override]
+        text = str(node.value).replace("_", "").lstrip("+-")
+        if len(text) > MAX_INT_DIGITS:
+            return HugeInt(len(text))
+        return super().construct_yaml_int(node)  # type: ignore[no-any-return]
+
+
+_YamlLoader.add_constructor("tag:yaml.org,2002:int", _YamlLoader.construct_yaml_int)
 
 
 @register_parser(".yaml", ".yml")
 def _parse_yaml(text: str, path: Path) -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise PulsarError(f"{path}: invalid YAML{where}: {problem}") from e
+        raise PulsarError(f"{path}: invalid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise PulsarError(f"{path}: nested too deeply to read; a config is at most a few levels deep") from None
 
 
 @register_parser(".toml")
@@ -82,7 +127,12 @@ def _parse_toml(text: str, path: Path) -> Any:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise PulsarError(f"{path}: invalid TOML: {e}") from e
+        raise PulsarError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise PulsarError(f"{path}: nested too deeply to read; a config is at most a few levels deep") from None
+    except ValueError as e:  # an integer beyond Python's digit limit
+        what = f"an integer with more than {MAX_INT_DIGITS} digits" if "digits" in str(e) else str(e)
+        raise PulsarError(f"{path}: invalid TOML: {what}") from None
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -93,12 +143,20 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise PulsarError(
             f"{p}: unsupported config file extension '{p.suffix}'; use one of {', '.join(sorted(PARSERS))}"
         )
-    if not p.is_file():
+    if not p.exists():
         raise PulsarError(f"config file {p} does not exist")
+    if not p.is_file():
+        raise PulsarError(f"config file {p} is not a regular file")
     try:
+        size = p.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise PulsarError(f"{p}: {size:,} bytes; a config file is at most {MAX_FILE_BYTES:,} bytes (put tensor "
+                              "data in a file and point const_processors[].data_path at it)")
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise PulsarError(f"{p}: not a UTF-8 text file ({e.reason})") from e
+        raise PulsarError(f"{p}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise PulsarError(f"config file {p} cannot be read: {e.strerror}") from None
     data = parser(text, p)
     if data is None:
         data = {}

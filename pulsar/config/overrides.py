@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +34,10 @@ def _parse_scalar(kind: str, text: str, flag: str) -> Any:
         if kind == "integer":
             return int(text)
         if kind == "number":
-            return float(text)
+            value = float(text)
+            if not math.isfinite(value):
+                raise PulsarError(f"{flag}: '{text}' is not a finite number; give a real value")
+            return value
     except ValueError:
         raise PulsarError(f"{flag}: '{text}' is not {'an integer' if kind == 'integer' else 'a number'}") from None
     if kind == "boolean":
@@ -50,11 +54,12 @@ def _parse_list(leaf: Leaf, values: list[str]) -> list[Any]:
 
 
 def _parse_json(leaf: Leaf, text: str) -> Any:
+    from pulsar.config.loader import parse_json_text
+
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PulsarError(f"{leaf.flag}: not valid JSON ({e.msg}); pass a JSON list like '[{{...}}]'") from None
-    return value
+        return parse_json_text(text, leaf.flag, invalid="not valid JSON")
+    except PulsarError as e:
+        raise PulsarError(f"{e}; pass a JSON list like '[{{...}}]'") from None
 
 
 def leaf_map() -> dict[str, Leaf]:
