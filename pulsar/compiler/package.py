@@ -4,12 +4,19 @@ Container format, version 2 (``FORMAT_VERSION``). Keep it stable: files written 
 release must load in the next; anything incompatible bumps the version.
 
 - The file is a single serialized ``onnx.ModelProto`` (``onnx.load`` and Netron open it; it does
-  not run in onnxruntime directly because of the custom domains below).
+  not run in onnxruntime directly because of the custom domains below), followed by its checksum
+  (below).
 - ``metadata_props``:
   ``pulsar.format`` = ``pulsar-compiled-model``, ``pulsar.format_version`` = ``"2"``,
   ``pulsar.version`` = the pulsar release that wrote it, and every caller metadata entry ``k`` as
-  ``pulsar.<k>`` holding ``json.dumps(value)`` (target_hardware, npu_mode, config_hash, inputs /
-  outputs with dtype and shape, ...).
+  ``pulsar.<k>`` (target_hardware, npu_mode, config_hash, inputs / outputs with dtype and shape,
+  processors, cpu_fallbacks, estimate, ...): a string as it is, any other value as JSON (a string
+  that would parse as JSON is JSON-quoted; files from before this rule hold every value as JSON and
+  read back the same). Types of the keys pulsar writes: :mod:`pulsar.compiler.container_schema`.
+- ``pulsar.checksum`` = ``sha256:<hex>``, the digest of every byte before it, appended as a
+  one-entry ``ModelProto`` at the very end of the file (protobuf merges concatenated messages, so it
+  reads as one more metadata entry; :mod:`pulsar.compiler.integrity`). Added within format 2: files
+  without it (written before) load unverified.
 - The top-level graph has the model's inputs and outputs and one node per subgraph, in execution
   order. NPU subgraphs are ``NpuSubgraph`` nodes of domain ``pulsar.npu``, CPU subgraphs
   ``CpuSubgraph`` nodes of domain ``pulsar.cpu`` (both registered in ``opset_import``, version 1,
@@ -19,14 +26,19 @@ release must load in the next; anything incompatible bumps the version.
   ONNX ops, including the QuantizeLinear / DequantizeLinear at the borders),
   ``reference_body`` (NPU subgraphs: the float QDQ fragment with the same inputs and outputs, run by
   ``--mode Reference``),
-  ``name`` (string), ``kind`` (``"npu"`` / ``"cpu"``), ``options`` (JSON string: the per-subgraph
-  compile options).
+  ``name`` (string), ``kind`` (``"npu"`` / ``"cpu"``, matching the domain), ``options`` (JSON
+  mapping: the per-subgraph compile options, keys from the build config's compiler options plus
+  ``sub_config``).
 - Node inputs / outputs are the tensors crossing the subgraph border, and they carry the same
-  names as the body's graph inputs / outputs (binding is by name, not only by position).
+  names as the body's graph inputs / outputs (binding is by name, not only by position); every node
+  input is a model input or an earlier node's output.
 - Weights are stored once: every initializer lives in the top-level graph and bodies refer to it
   by name (ONNX outer-scope reference), so batch / shape variants added later share them.
   Initializers of different subgraphs that have the same name and content are merged; a name
   clash with different content renames the later one inside its body.
+
+The loader (:func:`load_compiled`) checks all of the above and reports any deviation as one line
+naming the file, the subgraph and the entry.
 """
 
 from __future__ import annotations
@@ -44,6 +56,15 @@ import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
+from pulsar.compiler.container_check import (
+    check_dataflow,
+    check_io_types,
+    check_metadata,
+    parse_options,
+    string_attr,
+)
+from pulsar.compiler.container_schema import decode_value, encode_value, metadata_problem, option_problem
+from pulsar.compiler.integrity import CHECKSUM_KEY, sealed_bytes, verify
 from pulsar.errors import PulsarError
 from pulsar.frontend.graph import outer_scope_inputs, subgraphs
 from pulsar.utils.atomic import atomic_write_bytes
@@ -57,7 +78,7 @@ META_FORMAT = "pulsar.format"
 META_FORMAT_VERSION = "pulsar.format_version"
 META_VERSION = "pulsar.version"
 INT_DOMAIN = "pulsar.int"  # the integer NPU ops inside NPU bodies (docs/integer_semantics.md)
-_RESERVED_META = {META_FORMAT, META_FORMAT_VERSION, META_VERSION}
+_RESERVED_META = {META_FORMAT, META_FORMAT_VERSION, META_VERSION, CHECKSUM_KEY}
 
 
 @dataclass(frozen=True)
@@ -169,7 +190,10 @@ def _encode_metadata(metadata: dict[str, object]) -> list[tuple[str, str]]:
         full = META_PREFIX + str(key)
         if full in _RESERVED_META:
             raise ValueError(f"metadata key {key!r} is reserved by the container format")
-        props.append((full, json.dumps(value, sort_keys=True)))
+        props.append((full, encode_value(value)))
+    problem = metadata_problem(metadata)
+    if problem:
+        raise ValueError(f"metadata {problem}")
     return props
 
 
@@ -238,6 +262,9 @@ def package(
         if reference is not None and ([i.name for i in reference.input] != [i.name for i in body.input]
                                       or [o.name for o in reference.output] != [o.name for o in body.output]):
             raise ValueError(f"subgraph {sg.name!r}: reference body has another interface than the body")
+        problem = option_problem(sg.options)
+        if problem:
+            raise ValueError(f"subgraph {sg.name!r}: {problem}")
         kind = SUBGRAPH_KINDS[sg.kind]
         node = helper.make_node(
             kind.op_type,
@@ -285,7 +312,7 @@ def package(
     model.ir_version = ir_version
     helper.set_model_props(model, dict(_encode_metadata(metadata)))
     path = Path(path)
-    atomic_write_bytes(path, model.SerializeToString())
+    atomic_write_bytes(path, sealed_bytes(model))
     log.debug("wrote compiled model %s (%d subgraphs, %d initializers)", path, len(nodes), len(top_inits))
     return path
 
@@ -328,19 +355,28 @@ def _metadata_props(model: onnx.ModelProto) -> dict[str, str]:
 
 
 def _decode_metadata(props: dict[str, str]) -> dict[str, object]:
-    meta: dict[str, object] = {}
-    for key, value in props.items():
-        if not key.startswith(META_PREFIX) or key in _RESERVED_META:
-            continue
-        try:
-            meta[key[len(META_PREFIX) :]] = json.loads(value)
-        except json.JSONDecodeError:
-            meta[key[len(META_PREFIX) :]] = value
-    return meta
+    return {key[len(META_PREFIX):]: decode_value(value) for key, value in props.items()
+            if key.startswith(META_PREFIX) and key not in _RESERVED_META}
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, onnx.AttributeProto]:
     return {a.name: a for a in node.attribute}
+
+
+def _body(path: Path, node: onnx.NodeProto, attr: onnx.AttributeProto | None, what: str,
+          inits: dict[str, onnx.TensorProto]) -> onnx.GraphProto:
+    """A copy of a body graph with the weights it refers to copied in; its interface is the node's."""
+    if attr is None or attr.type != onnx.AttributeProto.GRAPH:
+        raise PulsarError(f"compiled model {path}: subgraph {node.name!r} has no {what} graph; the file is corrupt: "
+                          "rebuild it")
+    body = copy.deepcopy(attr.g)
+    if [i.name for i in body.input] != list(node.input) or [o.name for o in body.output] != list(node.output):
+        raise PulsarError(f"compiled model {path}: subgraph {node.name!r} inputs / outputs do not match its {what}; "
+                          "the file is corrupt: rebuild it")
+    for name in sorted(outer_references(body)):
+        if name in inits:
+            body.initializer.append(inits[name])
+    return body
 
 
 def _read_subgraph(path: Path, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> Subgraph:
@@ -351,46 +387,36 @@ def _read_subgraph(path: Path, node: onnx.NodeProto, inits: dict[str, onnx.Tenso
             f"(this pulsar knows {sorted(_KIND_BY_DOMAIN)}); it was written by another tool or a newer pulsar"
         )
     attrs = _attrs(node)
-    if "body" not in attrs or attrs["body"].type != onnx.AttributeProto.GRAPH:
-        raise PulsarError(f"{path}: subgraph node {node.name!r} has no body graph; the file is corrupt")
-    body = copy.deepcopy(attrs["body"].g)
-    if [i.name for i in body.input] != list(node.input) or [o.name for o in body.output] != list(node.output):
-        raise PulsarError(
-            f"{path}: subgraph node {node.name!r} inputs / outputs do not match its body; the file is corrupt"
-        )
-    for name in sorted(outer_references(body)):
-        if name in inits:
-            body.initializer.append(inits[name])
-    reference = None
-    if "reference_body" in attrs:
-        reference = copy.deepcopy(attrs["reference_body"].g)
-        if [i.name for i in reference.input] != list(node.input) or \
-                [o.name for o in reference.output] != list(node.output):
-            raise PulsarError(f"{path}: subgraph node {node.name!r} reference body does not match its interface; "
-                              "the file is corrupt")
-        for ref_name in sorted(outer_references(reference)):
-            if ref_name in inits:
-                reference.initializer.append(inits[ref_name])
-    name = attrs["name"].s.decode() if "name" in attrs else node.name
-    options = json.loads(attrs["options"].s.decode()) if "options" in attrs else {}
+    declared = string_attr(path, node, attrs.get("kind"))
+    if declared is not None and declared != kind.kind or node.op_type != kind.op_type:
+        raise PulsarError(f"compiled model {path}: subgraph {node.name!r} is a {node.op_type} of kind "
+                          f"{declared!r} in domain {node.domain!r} (expected a {kind.op_type} of kind {kind.kind!r}); "
+                          "the file is corrupt or was edited: rebuild it")
+    body = _body(path, node, attrs.get("body"), "body", inits)
+    reference = _body(path, node, attrs["reference_body"], "reference body", inits) \
+        if "reference_body" in attrs else None
+    name = string_attr(path, node, attrs.get("name")) or node.name
+    options = parse_options(path, name, string_attr(path, node, attrs.get("options")))
     return Subgraph(name=name, kind=kind.kind, graph=body, options=options, reference=reference)
 
 
-def load_compiled(path: str | Path) -> CompiledModel:
-    """Read and check a compiled model; every user-fixable problem is a one-line PulsarError."""
-    path = Path(path)
+def _read_bytes(path: Path) -> bytes:
+    if "\0" in str(path):
+        raise PulsarError(f"compiled model path {str(path)!r} contains a NUL byte; fix the path")
+    if path.is_dir():
+        hint = f" (did you mean {path / 'compiled.pulsar'}?)" if (path / "compiled.pulsar").is_file() else ""
+        raise PulsarError(f"compiled model {path} is a directory; give the compiled model file{hint}")
+    if not path.exists():
+        raise PulsarError(f"compiled model {path} does not exist; build it with `pulsar build` or fix the path")
     if not path.is_file():
-        raise PulsarError(
-            f"compiled model {path} does not exist; build it with `pulsar build` or fix the path"
-        )
-    model = onnx.ModelProto()
+        raise PulsarError(f"compiled model {path} is not a regular file; give the compiled model file")
     try:
-        model.ParseFromString(path.read_bytes())
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise PulsarError(f"compiled model {path} is truncated or corrupt ({exc}); rebuild it") from None
-    if not model.HasField("graph") or not model.opset_import:
-        raise PulsarError(f"compiled model {path} is truncated or corrupt (no graph); rebuild it")
-    props = _metadata_props(model)
+        return path.read_bytes()
+    except OSError as exc:
+        raise PulsarError(f"compiled model {path} cannot be read ({exc.strerror or exc})") from None
+
+
+def _format_version(path: Path, props: dict[str, str]) -> int:
     if props.get(META_FORMAT) != FORMAT_NAME:
         raise PulsarError(
             f"{path} is not a pulsar compiled model (it looks like a plain ONNX model; "
@@ -413,8 +439,28 @@ def load_compiled(path: str | Path) -> CompiledModel:
     if version < FORMAT_VERSION:
         raise PulsarError(f"compiled model {path} was written by an older pulsar (format {version}, without the "
                           f"integer NPU program); rebuild it with this pulsar")
+    return version
+
+
+def load_compiled(path: str | Path) -> CompiledModel:
+    """Read and check a compiled model (format, checksum, structure, options, metadata); every problem
+    is a one-line PulsarError naming the file and the entry. ``model`` holds no checksum entry."""
+    path = Path(path)
+    raw = _read_bytes(path)
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(raw)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise PulsarError(f"compiled model {path} is truncated or corrupt ({exc}); rebuild it") from None
+    if not model.HasField("graph") or not model.opset_import:
+        raise PulsarError(f"compiled model {path} is truncated or corrupt (no graph); rebuild it")
+    version = _format_version(path, _metadata_props(model))
+    verify(path, raw, model)
+    check_io_types(path, model.graph)
+    check_dataflow(path, model.graph)
     inits = {t.name: t for t in model.graph.initializer}
     subgraphs = [_read_subgraph(path, node, inits) for node in model.graph.node]
-    return CompiledModel(
-        model=model, format_version=version, metadata=_decode_metadata(props), subgraphs=subgraphs
-    )
+    metadata = _decode_metadata(_metadata_props(model))
+    check_metadata(path, metadata, {"inputs": tensor_infos(model.graph.input),
+                                    "outputs": tensor_infos(model.graph.output)})
+    return CompiledModel(model=model, format_version=version, metadata=metadata, subgraphs=subgraphs)

@@ -19,6 +19,14 @@ from pulsar.compiler.check import check_compiled
 from pulsar.compiler.cost import estimate_model
 from pulsar.compiler.lower import LoweredModel, LowerOptions, fallback_report, lower_qdq_model
 from pulsar.compiler.lower.model import SubRange
+from pulsar.compiler.op_counts import (
+    OpCounts,
+    count_rows,
+    processor_reason,
+    processor_side,
+    reconcile,
+    subgraph_rows,
+)
 from pulsar.compiler.package import package, tensor_infos
 from pulsar.compiler.targets import load_profile
 from pulsar.compiler.trace import SUMMARY_COLUMNS, chrome_trace, summary_rows
@@ -40,14 +48,17 @@ def calibration_normalization(cfg: Any, model: onnx.ModelProto) -> dict[str, tup
     return out
 
 
-def attach_processors(ctx: BuildContext, qmodel: onnx.ModelProto) -> onnx.ModelProto:
+def attach_processors(ctx: BuildContext, qmodel: onnx.ModelProto, notes: list[str] | None = None) -> onnx.ModelProto:
     """Put input_processors in front of and output_processors behind the quantized graph, so the
-    compiled model takes the deployed input (the QDQ artifact keeps the model's own format)."""
+    compiled model takes the deployed input (the QDQ artifact keeps the model's own format);
+    ``notes`` collects one line per processed tensor (the compiled model's metadata)."""
     cfg = ctx.cfg
     model, lines = attach_input_processors(qmodel, cfg.input_processors, calibration_normalization(cfg, qmodel))
     model, out_lines = attach_output_processors(model, cfg.output_processors)
     for line in lines + out_lines:
         log.info("processor: %s", line)
+    if notes is not None:
+        notes.extend(lines + out_lines)
     return model
 
 
@@ -83,13 +94,33 @@ def _show_sub_configs(lowered: LoweredModel, subs: list[SubRange]) -> None:
                  sub.options.get("lut_items_in_bits"))
 
 
-def _show_placement(ctx: BuildContext, lowered: LoweredModel) -> None:
+def _quant_placement(ctx: BuildContext) -> dict[str, tuple[str, str]] | None:
+    """node -> (NPU | CPU, why) as the quant stage placed it (quant_config.json); None when absent."""
+    try:
+        nodes = json.loads(ctx.path("quant", "quant_config.json").read_text())["nodes"]
+        return {name: (v["placement"], v.get("placement_reason", "")) for name, v in nodes.items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _show_placement(ctx: BuildContext, lowered: LoweredModel, qmodel: onnx.ModelProto,
+                    deployed: onnx.ModelProto) -> OpCounts:
+    """The CPU fallbacks, and the op counts reconciled with the quantization placement (every difference
+    named); processor ops get their own reason (layer_configs cannot select them)."""
+    sides = processor_side(qmodel, deployed)
+    lowered.fallbacks = [dataclasses.replace(f, reason=processor_reason(sides[f.node])) if f.node in sides else f
+                         for f in lowered.fallbacks]
+    counts = reconcile(lowered, qmodel, deployed, _quant_placement(ctx))
+    log.info("compiled: %s", counts.headline())
     rows = fallback_report(lowered)
-    npu = sum(v == "npu" for v in lowered.placement.values())
-    kinds = ", ".join(f"{sg.name} ({len(sg.graph.node)} ops)" for sg in lowered.subgraphs)
-    log.info("compiled: %d of %d ops on the NPU; subgraphs in order: %s", npu, len(lowered.placement), kinds)
     if rows:
         show(table("Ops kept on the CPU by the compiler", ["op", "nodes", "why"], rows), quiet=ctx.quiet)
+    if counts.moves or any(counts.processor_ops.values()):
+        show(table("Op counts: quantization placement -> compiled model", ["ops", "NPU", "CPU", "why"],
+                   count_rows(counts)), quiet=ctx.quiet)
+    show(table("Subgraphs in execution order", ["subgraph", "ops", "model ops", "why the counts differ"],
+               subgraph_rows(counts)), quiet=ctx.quiet)
+    return counts
 
 
 def _estimate(ctx: BuildContext, lowered: LoweredModel) -> dict[str, Any]:
@@ -126,19 +157,21 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
         meta["input_extra_shapes"] = extra
         log.warning("src_extra_shapes recorded in the compiled model's metadata; only the main input shape is "
                     "compiled by this version")
-    deployed = attach_processors(ctx, qmodel)
+    meta["processors"] = []
+    deployed = attach_processors(ctx, qmodel, meta["processors"])
     subs = sub_ranges(cfg.compiler)
     lowered = lower_qdq_model(deployed, LowerOptions(lut_items_in_bits=cfg.compiler.lut_items_in_bits,
                                                      sub_configs=subs))
     for sg in lowered.subgraphs:
         sg.reference = lowered.references.get(sg.name)
         sg.options = {"lut_items_in_bits": cfg.compiler.lut_items_in_bits, **sg.options}
-    _show_placement(ctx, lowered)
+    counts = _show_placement(ctx, lowered, qmodel, deployed)
     _show_sub_configs(lowered, subs)
     meta["estimate"] = _estimate(ctx, lowered)
     meta["inputs"] = tensor_infos(lowered.inputs)
     meta["outputs"] = tensor_infos(lowered.outputs)
     meta["cpu_fallbacks"] = [{"node": f.node, "op_type": f.op_type, "reason": f.reason} for f in lowered.fallbacks]
+    meta["op_counts"] = counts.to_json()
     path = package(lowered.subgraphs, inputs=lowered.inputs, outputs=lowered.outputs,
                    opset_imports=lowered.opset_imports, metadata=meta, path=ctx.path(cfg.output_name),
                    ir_version=deployed.ir_version)

@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from pulsar.compiler.integrity import sealed_bytes
 from pulsar.compiler.package import (
     FORMAT_VERSION,
     Subgraph,
@@ -94,8 +95,8 @@ def two_subgraphs(w_npu: np.ndarray, w_cpu: np.ndarray) -> list[Subgraph]:
         initializer=[numpy_helper.from_array(w_cpu, "W")],
     )
     return [
-        Subgraph("npu_0", "npu", npu, {"npu_mode": "NPU1"}),
-        Subgraph("cpu_1", "cpu", cpu, {"reason": "no quantized neighbours"}),
+        Subgraph("npu_0", "npu", npu, {"lut_items_in_bits": 8, "sub_config": 0}),
+        Subgraph("cpu_1", "cpu", cpu, {"check_mode": "CheckPerLayer"}),
     ]
 
 
@@ -152,7 +153,7 @@ def test_qdq_model_container_structure(tmp_path):
     assert props["pulsar.format"] == "pulsar-compiled-model"
     assert props["pulsar.format_version"] == str(FORMAT_VERSION) == "2"
     assert props["pulsar.version"]
-    assert json.loads(props["pulsar.target_hardware"]) == "AX650"
+    assert props["pulsar.target_hardware"] == "AX650"  # a string is stored as it is, not JSON-quoted
     domains = {op.domain: op.version for op in loaded.opset_import}
     assert domains == {"": 17, "pulsar.npu": 1, "pulsar.cpu": 1, "pulsar.int": 1}
     # lowered: the input Quantize / output Dequantize on the CPU around one integer NPU subgraph
@@ -194,8 +195,8 @@ def test_metadata_round_trips(tmp_path):
     assert compiled.metadata == metadata
     assert compiled.pulsar_version == "0.1.0" or compiled.pulsar_version[0].isdigit()
     assert [(s.name, s.kind, s.options) for s in compiled.subgraphs] == [
-        ("npu_0", "npu", {"npu_mode": "NPU1"}),
-        ("cpu_1", "cpu", {"reason": "no quantized neighbours"}),
+        ("npu_0", "npu", {"lut_items_in_bits": 8, "sub_config": 0}),
+        ("cpu_1", "cpu", {"check_mode": "CheckPerLayer"}),
     ]
 
 
@@ -342,9 +343,10 @@ def test_plain_onnx(tmp_path):
 
 
 def _edit(path, fn):
+    """Change a compiled file and give it a valid checksum again: the structure checks must catch it."""
     model = onnx.load(str(path))
     fn(model)
-    onnx.save(model, str(path))
+    path.write_bytes(sealed_bytes(model))
 
 
 def test_newer_format_version(compiled_path):
