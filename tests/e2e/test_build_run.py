@@ -223,10 +223,9 @@ def test_refine_weight_threshold_floors_tiny_weight_channels(tmp_path, tiny, tin
 
 def test_processors_make_the_compiled_model_take_the_deployed_input(tmp_path, tiny, tiny_config):
     """NHWC uint8 BGR in, mean / std inside; an U8 NHWC output; extra shapes recorded."""
-    tiny_config["quant"]["input_configs"][0].update({"calibration_mean": [10.0, 20.0, 30.0],
-                                                     "calibration_std": [50.0, 60.0, 70.0]})
     tiny_config["input_processors"] = [{"tensor_name": "image", "tensor_format": "BGR", "src_format": "BGR",
                                         "src_layout": "NHWC", "src_dtype": "U8",
+                                        "mean": [10.0, 20.0, 30.0], "std": [50.0, 60.0, 70.0],
                                         "src_extra_shapes": [{"shape": [1, 32, 32, 3]}]}]
     res = pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {"compiler.check": 2}, quiet=True)
     sess = pulsar.Session(res.compiled_model)

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 _FINGERPRINT_VERSION = 1  # bump when decoding changes, so cached statistics are not reused
 _LIST_LIMIT = 5
+_FAR_BEYOND = 100  # calibration_size above this many times the samples found is an error, not a warning
 
 
 @dataclass
@@ -74,6 +75,15 @@ def _sample_names(members: list[Member]) -> dict[str, Member]:
             )
         keyed[key] = member
     return keyed
+
+
+def _require_finite(arr: np.ndarray, origin: str, tensor: str) -> None:
+    """NaN / inf in calibration data would turn every range it reaches into nonsense (a scale of
+    1e-12 or inf): refuse the sample, naming the file."""
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        nan, inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
+        raise PulsarError(f"{origin}: input '{tensor}' holds {nan} NaN and {inf} infinite value(s); calibration "
+                          "data must be finite numbers (fix or remove the file)")
 
 
 class CalibrationData:
@@ -213,6 +223,12 @@ class CalibrationData:
         names = sorted(all_names)
         sizes = [c.calibration_size for f in self._feeds for c in f.configs if c.calibration_size != -1]
         wanted = min(sizes) if sizes else len(names)
+        if wanted > _FAR_BEYOND * len(names):  # a typo (extra zeros), not a wish for "all of them"
+            c = min((c for f in self._feeds for c in f.configs if c.calibration_size != -1),
+                    key=lambda c: c.calibration_size)
+            raise PulsarError(
+                f"{c.field_path}.calibration_size: {c.calibration_size:,} samples asked for, but "
+                f"'{c.calibration_dataset}' has {len(names):,}; set it to {len(names)} or -1 for all of them")
         if wanted > len(names):
             log.warning(
                 "calibration_size is %d but only %d sample(s) were found in %s; using %d",
@@ -241,7 +257,11 @@ class CalibrationData:
             for feed in self._feeds:
                 member = feed.samples[name]
                 data = feed.source.read(member)
-                arrays.update(feed.reader.decode(data, feed.source.origin(member), feed.specs, feed.config))
+                origin = feed.source.origin(member)
+                decoded = feed.reader.decode(data, origin, feed.specs, feed.config)
+                for tensor, arr in decoded.items():
+                    _require_finite(arr, origin, tensor)
+                arrays.update(decoded)
             yield {spec.name: arrays[spec.name] for spec in self._inputs}
 
     def describe(self) -> list[dict[str, Any]]:

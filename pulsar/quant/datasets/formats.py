@@ -56,6 +56,17 @@ def _require_static(spec: InputSpec, config: DatasetConfig) -> None:
         )
 
 
+def _no_normalization(config: DatasetConfig) -> None:
+    """Tensor formats hold the model's input as it is: calibration_mean / std cannot act on them."""
+    for name in ("calibration_mean", "calibration_std"):
+        if getattr(config, name):
+            raise PulsarError(
+                f"{config.field_path}.{name}: only acts on calibration_format Image ({config.calibration_format} "
+                f"data is fed to the model as it is); remove it, and to normalize the deployed input inside the "
+                f"compiled model set input_processors[].mean / std"
+            )
+
+
 def _fit_shape(arr: np.ndarray, spec: InputSpec, origin: str) -> np.ndarray:
     """Accept the input's shape (dims <= 0 match anything), or the same without a leading batch of 1."""
 
@@ -175,6 +186,9 @@ class NumpyReader(Reader):
 
     extensions = (".npy",)
 
+    def validate(self, spec: InputSpec, config: DatasetConfig) -> None:
+        _no_normalization(config)
+
     def decode(
         self, data: bytes, origin: str, specs: Sequence[InputSpec], config: DatasetConfig
     ) -> dict[str, np.ndarray]:
@@ -199,6 +213,7 @@ class BinaryReader(Reader):
     extensions = (".bin",)
 
     def validate(self, spec: InputSpec, config: DatasetConfig) -> None:
+        _no_normalization(config)
         _require_static(spec, config)
 
     def decode(
@@ -221,6 +236,9 @@ class NumpyObjectReader(Reader):
     """One ``.npy`` per sample holding ``{input_name: array}`` (loaded without running pickle code)."""
 
     extensions = (".npy",)
+
+    def validate(self, spec: InputSpec, config: DatasetConfig) -> None:
+        _no_normalization(config)
 
     def decode(
         self, data: bytes, origin: str, specs: Sequence[InputSpec], config: DatasetConfig
