@@ -137,9 +137,31 @@ def run(
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ) -> None:
     from pulsar.api import run_model
+    from pulsar.ui import out_console, print_literal, print_renderable, table
 
-    run_model(model=model, output_dir=output_dir, input_dir=input_dir, list_file=list_file,
-              random_input=random_input, mode=mode, batch_size=batch_size, perlayer=perlayer, workers=workers)
+    result = run_model(model=model, output_dir=output_dir, input_dir=input_dir, list_file=list_file,
+                       random_input=random_input, mode=mode, batch_size=batch_size, perlayer=perlayer,
+                       workers=workers)
+    rows = [(name, "x".join(map(str, shape)) or "scalar", str(dtype)) for name, shape, dtype in result.outputs]
+    print_renderable(table("Outputs (per sample)", ["output", "shape", "dtype"], rows), target=out_console)
+    where = f"{result.output_dir}/<sample>/ ({len(result.sample_dirs)} directories)" if result.sample_dirs \
+        else str(result.output_dir)
+    n = result.samples
+    print_literal(f"{n} sample{'s' if n != 1 else ''} in {result.seconds:.3f} s: {result.ms_per_sample:.1f} ms per "
+                  f"sample ({mode}); outputs in {where}", target=out_console)
+
+
+@app.command(help="Show a compiled model: inputs / outputs, subgraphs, target, estimate, versions.")
+@guarded
+def info(
+    model: Annotated[Path, typer.Argument(help="compiled model file")],
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+) -> None:
+    from pulsar.runtime.info import model_summary
+    from pulsar.ui import out_console, print_renderable
+
+    for t in model_summary(model):
+        print_renderable(t, target=out_console)
 
 
 @config_app.command("schema", help="Print the JSON Schema of the build config.")

@@ -124,6 +124,7 @@ class CompiledModel:
     format_version: int
     metadata: dict[str, object]
     subgraphs: list[Subgraph]
+    checksum: str | None = None  # the verified "sha256:<hex>"; None for a file written before checksums
 
     @property
     def pulsar_version(self) -> str:
@@ -455,7 +456,7 @@ def load_compiled(path: str | Path) -> CompiledModel:
     if not model.HasField("graph") or not model.opset_import:
         raise PulsarError(f"compiled model {path} is truncated or corrupt (no graph); rebuild it")
     version = _format_version(path, _metadata_props(model))
-    verify(path, raw, model)
+    checksum = verify(path, raw, model)
     check_io_types(path, model.graph)
     check_dataflow(path, model.graph)
     inits = {t.name: t for t in model.graph.initializer}
@@ -463,4 +464,5 @@ def load_compiled(path: str | Path) -> CompiledModel:
     metadata = _decode_metadata(_metadata_props(model))
     check_metadata(path, metadata, {"inputs": tensor_infos(model.graph.input),
                                     "outputs": tensor_infos(model.graph.output)})
-    return CompiledModel(model=model, format_version=version, metadata=metadata, subgraphs=subgraphs)
+    return CompiledModel(model=model, format_version=version, metadata=metadata, subgraphs=subgraphs,
+                         checksum=checksum)

@@ -28,32 +28,81 @@ def tensor_file_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", name)
 
 
-def _read_npy(path: Path, info: TensorInfo) -> np.ndarray:
+def batched(info: TensorInfo, batch_size: int) -> TensorInfo:
+    """``info`` for ``batch_size`` compiled batches stacked on axis 0."""
+    if batch_size == 1 or not info.shape or info.shape[0] < 1:
+        return info
+    return TensorInfo(info.name, (info.shape[0] * batch_size, *info.shape[1:]), info.dtype)
+
+
+def _batch_hint(info: TensorInfo, samples: int | None, batch_size: int) -> str:
+    """'; the file holds 4 samples: run with --batch_size 4' when that would make the shape right."""
+    b = info.shape[0] if info.shape else 0
+    if b < 1 or not samples or samples % b or samples // b == batch_size:
+        return ""
+    k = samples // b
+    what = (f"{k} sample{'s' if k > 1 else ''}" if b == 1 else f"{k} batch{'es' if k > 1 else ''} of {b}")
+    return f"; the file holds {what}: run with --batch_size {k}"
+
+
+def _check_dtype(path: Path, info: TensorInfo, dtype: np.dtype) -> bool:
+    """True when values of ``dtype`` must be cast to the input's dtype (an allowed cast)."""
+    if dtype == info.dtype:
+        return False
+    if dtype.newbyteorder("=") == info.dtype or (dtype, info.dtype) in _ALLOWED_CASTS:
+        return True
+    raise PulsarError(f'{path}: input "{info.name}" expects dtype {info.dtype}, the file holds {dtype}; convert it '
+                      "(`pulsar info MODEL` shows what the model takes)")
+
+
+def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from a .npy header, read before the data (a wrong file is not loaded at all)."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _fortran, dtype = read(f)
+    except (ValueError, OSError, EOFError) as exc:
+        raise PulsarError(f"{path}: not a plain numeric .npy file ({exc}); save it with np.save") from None
+    return tuple(shape), np.dtype(dtype)
+
+
+def _check_finite(path: Path, info: TensorInfo, array: np.ndarray) -> np.ndarray:
+    if array.dtype.kind in "fc":
+        bad = ~np.isfinite(array)
+        if bad.any():
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise PulsarError(f'{path}: input "{info.name}" holds {int(bad.sum())} non-finite value(s) (NaN or '
+                              f"infinity), the first at index {first}; fix the data")
+    return array
+
+
+def _read_npy(path: Path, info: TensorInfo, batch_size: int = 1) -> np.ndarray:
+    want = batched(info, batch_size)
+    shape, dtype = _npy_header(path)
+    if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biufc":
+        raise PulsarError(f"{path}: not a plain numeric .npy file (dtype {dtype}); save it with np.save")
+    cast = _check_dtype(path, info, dtype)
+    if not shape_matches(want.shape, shape):
+        hint = _batch_hint(info, shape[0], batch_size) if len(shape) == len(info.shape) and \
+            shape_matches(info.shape[1:], shape[1:]) else ""
+        raise PulsarError(f'{path}: input "{info.name}" expects shape {want.shape}, the file holds {shape}{hint}')
     try:
         array = np.load(path, allow_pickle=False)
-    except ValueError as exc:
+    except (ValueError, EOFError) as exc:
         raise PulsarError(f"{path}: not a plain numeric .npy file ({exc}); save it with np.save") from None
     except OSError as exc:
         raise PulsarError(f"{path}: cannot read .npy file ({exc})") from None
     if not isinstance(array, np.ndarray):
         raise PulsarError(f"{path}: expected a single array (.npy), got an .npz archive")
-    if array.dtype != info.dtype:
-        if (array.dtype, info.dtype) not in _ALLOWED_CASTS:
-            raise PulsarError(
-                f'{path}: input "{info.name}" expects dtype {info.dtype}, the file holds {array.dtype}'
-            )
-        array = array.astype(info.dtype)
-    if not shape_matches(info.shape, array.shape):
-        raise PulsarError(
-            f'{path}: input "{info.name}" expects shape {info.shape}, the file holds {array.shape}'
-        )
-    return array
+    return _check_finite(path, info, array.astype(info.dtype) if cast else array)
 
 
-def _read_bin(path: Path, info: TensorInfo) -> np.ndarray:
-    data = path.read_bytes()
+def _read_bin(path: Path, info: TensorInfo, batch_size: int = 1) -> np.ndarray:
+    want = batched(info, batch_size)
+    size = path.stat().st_size
     itemsize = info.dtype.itemsize
-    shape = list(info.shape)
+    shape = list(want.shape)
     known = int(np.prod([d for d in shape if d >= 0], dtype=np.int64))
     dynamic = [i for i, d in enumerate(shape) if d < 0]
     if len(dynamic) > 1:
@@ -62,28 +111,36 @@ def _read_bin(path: Path, info: TensorInfo) -> np.ndarray:
             "a raw .bin cannot say its shape, use a .npy file"
         )
     if dynamic:
-        count, rest = divmod(len(data), itemsize * known) if known else (0, 1)
+        count, rest = divmod(size, itemsize * known) if known else (0, 1)
         if rest or not count:
             raise PulsarError(
-                f'{path}: {len(data)} bytes is not a whole number of "{info.name}" rows '
+                f'{path}: {size} bytes is not a whole number of "{info.name}" rows '
                 f"(shape {info.shape}, dtype {info.dtype}: {itemsize * known} bytes each)"
             )
         shape[dynamic[0]] = count
     expected = int(np.prod(shape, dtype=np.int64)) * itemsize
-    if len(data) != expected:
+    if size != expected:
+        per_sample = expected // max(1, shape[0]) if shape and not dynamic else 0
+        samples = size // per_sample if per_sample and size % per_sample == 0 else None
         raise PulsarError(
-            f'{path}: input "{info.name}" (shape {info.shape}, dtype {info.dtype}) needs exactly '
-            f"{expected} bytes, the file has {len(data)}"
+            f'{path}: input "{info.name}" (shape {want.shape}, dtype {info.dtype}) needs exactly '
+            f"{expected} bytes, the file has {size}{_batch_hint(info, samples, batch_size)}"
         )
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PulsarError(f"{path}: cannot read ({exc.strerror or exc})") from None
     raw = np.frombuffer(data, dtype=info.dtype.newbyteorder("<"))
-    return raw.astype(info.dtype).reshape(shape)
+    return _check_finite(path, info, raw.astype(info.dtype).reshape(shape))
 
 
-def read_inputs(input_dir: str | Path, inputs: list[TensorInfo]) -> dict[str, np.ndarray]:
-    """Read one sample: ``<stem>.npy`` or ``<stem>.bin`` per model input from ``input_dir``."""
+def read_inputs(input_dir: str | Path, inputs: list[TensorInfo], *, batch_size: int = 1) -> dict[str, np.ndarray]:
+    """Read one sample: ``<stem>.npy`` or ``<stem>.bin`` per model input from ``input_dir``, holding
+    ``batch_size`` compiled batches stacked on axis 0 (``inputs`` are the model's own)."""
     input_dir = Path(input_dir)
     if not input_dir.is_dir():
-        raise PulsarError(f"input directory {input_dir} does not exist")
+        what = "is not a directory" if input_dir.exists() else "does not exist"
+        raise PulsarError(f"input directory {input_dir} {what}")
     feeds: dict[str, np.ndarray] = {}
     for info in inputs:
         stem = tensor_file_stem(info.name)
@@ -93,9 +150,9 @@ def read_inputs(input_dir: str | Path, inputs: list[TensorInfo]) -> dict[str, np
                 f'{input_dir}: both {npy.name} and {raw.name} exist for input "{info.name}"; keep one'
             )
         if npy.is_file():
-            feeds[info.name] = _read_npy(npy, info)
+            feeds[info.name] = _read_npy(npy, info, batch_size)
         elif raw.is_file():
-            feeds[info.name] = _read_bin(raw, info)
+            feeds[info.name] = _read_bin(raw, info, batch_size)
         else:
             expected = ", ".join(f"{tensor_file_stem(i.name)}.npy|.bin" for i in inputs)
             raise PulsarError(
@@ -145,19 +202,8 @@ def write_outputs(output_dir: str | Path, outputs: dict[str, np.ndarray]) -> lis
 
 
 def read_list_file(list_path: str | Path, input_dir: str | Path) -> list[Path]:
-    """Sample directories listed one a line (relative to ``input_dir`` or absolute)."""
-    list_path, input_dir = Path(list_path), Path(input_dir)
-    if not list_path.is_file():
-        raise PulsarError(f"list file {list_path} does not exist")
-    dirs: list[Path] = []
-    for lineno, line in enumerate(list_path.read_text(encoding="utf-8").splitlines(), start=1):
-        entry = line.strip()
-        if not entry or entry.startswith("#"):
-            continue
-        sample = Path(entry) if Path(entry).is_absolute() else input_dir / entry
-        if not sample.is_dir():
-            raise PulsarError(f"{list_path}:{lineno}: sample directory {sample} does not exist")
-        dirs.append(sample)
-    if not dirs:
-        raise PulsarError(f"list file {list_path} lists no sample directories")
-    return dirs
+    """Sample directories listed one a line (relative to ``input_dir`` or absolute); see
+    :func:`pulsar.runtime.paths.read_sample_list` for their output names."""
+    from pulsar.runtime.paths import read_sample_list
+
+    return [e.sample_dir for e in read_sample_list(list_path, input_dir)]

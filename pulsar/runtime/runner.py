@@ -1,10 +1,20 @@
 """``pulsar run``: read inputs per tensor (or a list of sample directories), run a compiled model,
-write one file per output."""
+write one file per output.
+
+Everything a user can get wrong (paths, ``--output_dir``, the list file, ``--batch_size``, every
+input file of every listed sample) is checked before the first sample runs, so a failed run leaves
+nothing behind; outputs never land outside ``--output_dir`` (see :mod:`pulsar.runtime.paths`).
+"""
 
 from __future__ import annotations
 
 import logging
+import math
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from pulsar.errors import PulsarError
 from pulsar.ui import setup_logging
@@ -12,57 +22,132 @@ from pulsar.ui import setup_logging
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class RunResult:
+    """What ``pulsar run`` did: per output (name, shape, dtype) of one sample's result, the number of
+    samples (compiled-model runs), the compute time and the files written."""
+
+    output_dir: Path
+    outputs: list[tuple[str, tuple[int, ...], np.dtype]] = field(default_factory=list)
+    samples: int = 0
+    seconds: float = 0.0
+    written: list[Path] = field(default_factory=list)
+    sample_dirs: list[Path] = field(default_factory=list)  # --list: one output directory per entry
+
+    @property
+    def ms_per_sample(self) -> float:
+        return 1000.0 * self.seconds / max(1, self.samples)
+
+
+def _check_batch_memory(session, batch_size: int) -> None:
+    """An error before allocating when ``batch_size`` samples' inputs and outputs cannot fit in memory."""
+    from pulsar.runtime.paths import available_memory, human_bytes
+
+    per_run = sum(math.prod(max(d, 1) for d in t.shape) * t.dtype.itemsize for t in session.inputs + session.outputs)
+    needed = per_run * batch_size
+    available = available_memory()
+    if available is not None and needed > available:
+        raise PulsarError(f"--batch_size {batch_size} needs {human_bytes(needed)} for the inputs and outputs alone "
+                          f"({human_bytes(per_run)} per sample), {human_bytes(available)} of memory is available "
+                          "(MemAvailable in /proc/meminfo); use a smaller --batch_size")
+
+
+def _check_flags(model, output_dir, input_dir, list_file, batch_size: int, workers: int | None):
+    from pulsar.runtime.paths import check_path_text
+
+    if batch_size < 1:
+        raise PulsarError(f"--batch_size must be at least 1, got {batch_size}")
+    if workers is not None and workers < 1:
+        raise PulsarError(f"--workers must be at least 1, got {workers}")
+    if list_file is not None and input_dir is None:
+        raise PulsarError("--list needs --input_dir (the list's relative paths start there)")
+    paths = {"--model": model, "--output_dir": output_dir, "--input_dir": input_dir, "--list": list_file}
+    return {flag: None if p is None else check_path_text(flag, p) for flag, p in paths.items()}
+
+
 def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Path | None = None,
               list_file: str | Path | None = None, random_input: bool = False,
               mode: str = "NPUBackend", batch_size: int = 1, perlayer: bool = False,
-              workers: int | None = None) -> list[Path]:
+              workers: int | None = None) -> RunResult:
     """``pulsar run``: inputs from files (or random), one .npy per output tensor.
 
     ``batch_size`` samples are stacked on axis 0 of each input file and run one compiled batch at a
     time; ``perlayer`` also writes every tensor the model computes to ``<output>/perlayer/``.
     Independent samples (the batches of a file, the directories of a list) run ``workers`` at a time,
     one core each (default: one per core)."""
-    from pulsar.runtime.io import random_inputs, read_inputs, read_list_file, write_outputs
-    from pulsar.runtime.parallel import default_workers
+    from pulsar.runtime.io import random_inputs, read_inputs
+    from pulsar.runtime.paths import discard_created, prepare_output_dir, read_sample_list
     from pulsar.runtime.session import Session
 
     setup_logging()
-    if workers is not None and workers < 1:
-        raise PulsarError(f"--workers must be at least 1, got {workers}")
-    session = Session(model, mode=mode)
-    infos = session.batched_inputs(batch_size)
-    out = Path(output_dir)
-    written: list[Path] = []
+    paths = _check_flags(model, output_dir, input_dir, list_file, batch_size, workers)
+    out, input_dir, list_file = paths["--output_dir"], paths["--input_dir"], paths["--list"]
+    if list_file is None and input_dir is None and not random_input:
+        raise PulsarError("give --input_dir (files named after the input tensors), --list, or --random_input")
+    created = prepare_output_dir(out)  # removed again if the run fails
+    try:
+        session = Session(paths["--model"], mode=mode)
+        infos = session.batched_inputs(batch_size)
+        _check_batch_memory(session, batch_size)
+        entries = read_sample_list(list_file, input_dir) if list_file is not None else []
+        # every input is read (and checked) before anything runs or is written
+        for e in entries:
+            read_inputs(e.sample_dir, session.inputs, batch_size=batch_size)
+        first = None
+        if not entries:
+            first = random_inputs(infos) if random_input else read_inputs(input_dir, session.inputs,
+                                                                          batch_size=batch_size)
+        return _execute(session, out, entries, first, batch_size, perlayer, workers)
+    except BaseException:
+        discard_created(created)
+        raise
+
+
+def _execute(session, out: Path, entries: list, first: dict | None, batch_size: int, perlayer: bool,
+             workers: int | None) -> RunResult:
+    from pulsar.runtime.io import read_inputs, write_outputs
+    from pulsar.runtime.parallel import default_workers
+    from pulsar.runtime.paths import inside
+
+    result = RunResult(output_dir=out)
+
+    def timed(fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        value = fn(*args, **kwargs)
+        result.seconds += time.perf_counter() - t0
+        return value
+
+    def record(outputs: dict[str, np.ndarray], dest: Path, samples: int) -> None:
+        if not result.outputs:
+            result.outputs = [(name, tuple(v.shape), v.dtype) for name, v in outputs.items()]
+        result.samples += samples
+        result.written.extend(write_outputs(inside(out, dest), outputs))
 
     def one(feeds: dict, dest: Path) -> None:
-        nonlocal written
-        written += write_outputs(dest, session.run_batches(feeds, batch_size, workers))
+        record(timed(session.run_batches, feeds, batch_size, workers), dest, batch_size)
         if perlayer:
             for k in range(batch_size):
                 b = [i.shape[0] for i in session.inputs]
                 part = {i.name: feeds[i.name][k * n:(k + 1) * n] for i, n in zip(session.inputs, b, strict=True)}
                 sub = dest / "perlayer" / (f"batch_{k}" if batch_size > 1 else "")
-                written += write_outputs(sub, session.run_all(part))
+                result.written.extend(write_outputs(inside(out, sub), session.run_all(part)))
 
-    if list_file is not None:
-        if input_dir is None:
-            raise PulsarError("--list needs --input_dir (the list's relative paths start there)")
-        dirs = read_list_file(list_file, input_dir)
+    if first is not None:
+        one(first, out)
+    else:
         # a few samples in memory at a time; batches and per-layer dumps go one directory at a time
         step = 1 if batch_size > 1 or perlayer else (workers or default_workers())
-        for start in range(0, len(dirs), step):
-            chunk = dirs[start:start + step]
+        for start in range(0, len(entries), step):
+            chunk = entries[start:start + step]
+            feeds = [read_inputs(e.sample_dir, session.inputs, batch_size=batch_size) for e in chunk]
+            dests = [out / e.output_name for e in chunk]
+            result.sample_dirs.extend(dests)
             if step == 1:
-                one(read_inputs(chunk[0], infos), out / chunk[0].name)
+                one(feeds[0], dests[0])
                 continue
-            results = session.run_many([read_inputs(d, infos) for d in chunk], workers=workers)
-            for sample_dir, result in zip(chunk, results, strict=True):
-                written += write_outputs(out / sample_dir.name, result)
-    elif random_input:
-        one(random_inputs(infos), out)
-    elif input_dir is not None:
-        one(read_inputs(input_dir, infos), out)
-    else:
-        raise PulsarError("give --input_dir (files named after the input tensors), --list, or --random_input")
-    log.info("wrote %d output file(s) to %s", len(written), out)
-    return written
+            for dest, outputs in zip(dests, timed(session.run_many, feeds, workers=workers), strict=True):
+                record(outputs, dest, 1)
+    for e, dest in zip(entries, result.sample_dirs, strict=True):
+        log.debug("list line %d: %s -> %s", e.line, e.sample_dir, dest)
+    log.info("wrote %d output file(s) to %s", len(result.written), out)
+    return result

@@ -1,0 +1,98 @@
+"""``pulsar info``: what a compiled model takes and returns, how it is split, what it was built for.
+
+Everything comes from the file (checked by :func:`pulsar.compiler.package.load_compiled`): the
+graph's inputs / outputs, the subgraph nodes and the ``pulsar.*`` metadata the build recorded. The
+tables show user text (tensor names, paths) literally.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from rich.table import Table
+
+from pulsar.compiler.package import FORMAT_NAME, CompiledModel, load_compiled, tensor_infos
+from pulsar.ui import table
+
+
+def _shape(dims: list) -> str:
+    return "x".join("?" if d is None else str(d) for d in dims) if dims else "scalar"
+
+
+def _processor(name: str, notes: list[str]) -> str:
+    """The build's processor line for tensor ``name`` (without the name), or '-'."""
+    for line in notes:
+        if line.startswith(f"{name}: "):
+            return line[len(name) + 2:]
+    return "-"
+
+
+def _estimate(est: object) -> str:
+    if not isinstance(est, dict) or not est:
+        return "-"
+    parts = []
+    if "time_ms" in est:
+        parts.append(f"{est['time_ms']:.4g} ms")
+    if "cycles" in est:
+        parts.append(f"{est['cycles']:,} cycles")
+    if "macs" in est:
+        parts.append(f"{est['macs']:,} MACs")
+    where = " ".join(str(est[k]) for k in ("target", "npu_mode") if k in est)
+    return ", ".join(parts) + (f" on {where}" if where else "") + " (a model, not a measurement)"
+
+
+def summary_tables(compiled: CompiledModel, path: Path) -> list[Table]:
+    """The tables ``pulsar info`` prints: the model, its inputs / outputs, subgraphs, CPU fallbacks."""
+    meta = compiled.metadata
+    notes = [n for n in meta.get("processors", []) if isinstance(n, str)]  # type: ignore[union-attr]
+
+    def text(key: str) -> str:
+        value = meta.get(key)
+        return "-" if value is None else str(value)
+
+    rows = [
+        ("file", str(path)),
+        ("format", f"{FORMAT_NAME} version {compiled.format_version}"),
+        ("written by", f"pulsar {compiled.pulsar_version}"),
+        ("checksum", f"{compiled.checksum} (verified)" if compiled.checksum else "none (written before checksums)"),
+        ("target hardware", text("target_hardware")),
+        ("npu_mode", text("npu_mode")),
+        ("estimate", _estimate(meta.get("estimate"))),
+        ("config hash", text("config_hash")),
+        ("source model", text("source_model")),
+        ("calibration method", text("calibration_method")),
+    ]
+    tables = [table("Compiled model", ["field", "value"], rows)]
+    for title, values in (("Inputs", compiled.model.graph.input), ("Outputs", compiled.model.graph.output)):
+        io_rows = [(t["name"], t["dtype"], _shape(t["shape"]), _processor(str(t["name"]), notes))
+                   for t in tensor_infos(values)]
+        tables.append(table(title, ["name", "dtype", "shape", "processor"], io_rows))
+    ranges = any("sub_config" in sg.options for sg in compiled.subgraphs)
+    sg_rows = []
+    for sg in compiled.subgraphs:
+        ops = Counter(n.op_type for n in sg.graph.node)
+        counts = ", ".join(f"{op} {k}" for op, k in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])))
+        row = [sg.name, sg.kind.upper(), str(len(sg.graph.node)), counts or "-"]
+        if ranges:
+            sub = sg.options.get("sub_config")
+            row.append("-" if sub is None else f"compiler.sub_configs[{sub}]")
+        sg_rows.append(row)
+    columns = ["name", "runs on", "ops", "op counts"] + (["range"] if ranges else [])
+    tables.append(table("Subgraphs (in execution order)", columns, sg_rows))
+    groups: dict[str, list[dict]] = {}
+    for f in meta.get("cpu_fallbacks") or []:  # type: ignore[union-attr]
+        groups.setdefault(f["reason"], []).append(f)
+    if groups:
+        rows = []
+        for reason, items in groups.items():
+            names = ", ".join(f["node"] for f in items[:4]) + (f", ... ({len(items)})" if len(items) > 4 else "")
+            rows.append((reason, ", ".join(dict.fromkeys(f["op_type"] for f in items)), names))
+        tables.append(table("Ops kept on the CPU", ["reason", "ops", "nodes"], rows))
+    return tables
+
+
+def model_summary(path: str | Path) -> list[Table]:
+    """Load (and verify) ``path`` and return its summary tables."""
+    path = Path(path)
+    return summary_tables(load_compiled(path), path)
