@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from pulsar.errors import PulsarError
+
 DTYPES: dict[str, tuple[int, int, bool, type]] = {
     # name: (bits, quant_min, quant_max, signed, numpy dtype) without the redundant bits
     "U8": (0, 255, False, np.uint8),
@@ -91,16 +93,34 @@ def activation_quant(name: str, lo: float, hi: float, dtype: str = "U8") -> Tens
 def weight_quant(name: str, w: np.ndarray, axis: int, dtype: str = "S8",
                  refine_threshold: float = 1e-6) -> tuple[TensorQuant, np.ndarray]:
     """Symmetric per-channel weights; channels whose max |w| is below ``refine_threshold`` get
-    that threshold as their range so a near-zero channel does not get a degenerate scale."""
+    that threshold as their range so a near-zero channel does not get a degenerate scale.
+
+    The division and clipping run in float64: in float32 the S32 bound 2**31 - 1 rounds up to 2**31,
+    so the largest value of every channel (mapped to quant_max) would overflow the int32 cast and
+    wrap to -2**31, flipping its sign.
+    """
     qmin, qmax, _, np_dtype = DTYPES[dtype]
+    w = np.asarray(w)
+    bad = int(w.size - np.count_nonzero(np.isfinite(w)))
+    if bad:
+        raise PulsarError(
+            f'initializer "{name}" holds {bad} NaN / inf value(s) out of {w.size}, which cannot be '
+            "quantized; fix the model's weights, or keep its layer in float with a quant.layer_configs "
+            'entry {"layer_name": ..., "data_type": "FP32"}'
+        )
     reduce_axes = tuple(i for i in range(w.ndim) if i != axis)
-    amax = np.abs(w).max(axis=reduce_axes) if w.size else np.zeros(w.shape[axis])
+    amax = np.abs(w).max(axis=reduce_axes).astype(np.float64) if w.size else np.zeros(w.shape[axis])
+    # An all-zero channel is exact on any grid; it takes the widest channel's range (1.0 when the
+    # whole tensor is zero) so its bias grid (input scale x weight scale) stays as coarse as its
+    # neighbours' instead of a 1e-12 step that no int32 bias could span.
+    amax = np.where(amax > 0, amax, amax.max(initial=0.0) or 1.0)
     floor = refine_threshold if refine_threshold > 0 else 0.0
-    amax = np.maximum(amax.astype(np.float64), floor)
+    amax = np.maximum(amax, floor)
     scale = np.maximum(amax / qmax, MIN_SCALE).astype(np.float32)
     shape = [1] * w.ndim
     shape[axis] = -1
-    q = np.clip(np.round(w / scale.reshape(shape)), qmin, qmax).astype(np_dtype)
+    ratio = w.astype(np.float64) / scale.astype(np.float64).reshape(shape)
+    q = np.clip(np.round(ratio), qmin, qmax).astype(np_dtype)
     tq = TensorQuant(name, dtype, scale, np.zeros_like(scale, dtype=np_dtype), axis=axis, symmetric=True,
                      kind="weight")
     return tq, q
