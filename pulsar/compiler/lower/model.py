@@ -31,6 +31,9 @@ class LowerOptions:
     lut_items_in_bits: int = 10          # 16-bit LUT inputs: 2**bits + 1 knots
     npu_ops: set[str] | None = None      # None: every op with a rule may go to the NPU
     sub_configs: list[SubRange] = field(default_factory=list)  # ranges lowered apart, first match wins
+    # node -> why: ops the quantization placed on the CPU stay there (a manual op or an FP32 layer whose
+    # neighbours quantize its input and output would otherwise be lowered at their grids)
+    cpu_nodes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -40,6 +43,16 @@ class Fallback:
     node: str
     op_type: str
     reason: str
+
+
+@dataclass
+class LoweredOp:
+    """One NPU op as the op counts see it: the QDQ compute nodes it stands for (the op, then the Relu /
+    Clip or lookup-table links fused into it) and the integer ops it was lowered to."""
+
+    nodes: list[str]
+    op_types: list[str]
+    integer_ops: list[str]
 
 
 @dataclass
@@ -53,3 +66,5 @@ class LoweredModel:
     opset_imports: list[onnx.OperatorSetIdProto] = field(default_factory=list)
     # QDQ compute node name -> "npu" / "cpu" (Q / DQ nodes are not listed)
     placement: dict[str, str] = field(default_factory=dict)
+    # NPU subgraph name -> its ops in order (model ops -> integer ops), for the op-count report
+    ops: dict[str, list[LoweredOp]] = field(default_factory=dict)

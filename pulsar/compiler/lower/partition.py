@@ -20,9 +20,9 @@ from collections.abc import Iterable
 import onnx
 from onnx import helper, numpy_helper
 
-from pulsar.compiler.lower.model import Fallback, LoweredModel, LowerOptions
+from pulsar.compiler.lower.model import Fallback, LoweredModel, LoweredOp, LowerOptions
 from pulsar.compiler.lower.placement import Unit, place, weight_dq_outputs
-from pulsar.compiler.lower.qdq_graph import QdqGraph, TensorType
+from pulsar.compiler.lower.qdq_graph import QdqGraph, TensorType, is_q
 from pulsar.compiler.lower.rules import INT_DOMAIN
 from pulsar.compiler.package import Subgraph
 from pulsar.errors import PulsarError
@@ -154,6 +154,7 @@ def lower_qdq_model(qmodel: onnx.ModelProto, options: LowerOptions | None = None
         needed_after |= {t for u in runs[k] for t in u.needs}
     subgraphs: list[Subgraph] = []
     references: dict[str, onnx.GraphProto] = {}
+    lowered_ops: dict[str, list[LoweredOp]] = {}
     count: Counter[str] = Counter()
     for k, run in enumerate(runs):
         kind, sub = _group(run[0])
@@ -165,6 +166,7 @@ def lower_qdq_model(qmodel: onnx.ModelProto, options: LowerOptions | None = None
             subgraphs.append(Subgraph(name=name, kind=kind, graph=_cpu_body(g, run, inputs, outputs, name, pulled)))
             continue
         body, references[name] = _npu_bodies(g, run, inputs, outputs, name)
+        lowered_ops[name] = [_lowered_op(u) for u in run]
         sg = Subgraph(name=name, kind=kind, graph=body)
         if sub is not None:
             sg.options = {**options.sub_configs[sub].options, "sub_config": sub}
@@ -172,11 +174,18 @@ def lower_qdq_model(qmodel: onnx.ModelProto, options: LowerOptions | None = None
             sg.reference = references[name]
         subgraphs.append(sg)
     opsets = [o for o in qmodel.opset_import if o.domain != INT_DOMAIN] + [helper.make_opsetid(INT_DOMAIN, 1)]
-    log.info("lowering: %d subgraphs (%d NPU, %d CPU); %d of %d ops on the NPU", len(subgraphs), count["npu"],
+    # debug only: the compiler stage prints the counts reconciled with the quantization placement
+    log.debug("lowering: %d subgraphs (%d NPU, %d CPU); %d of %d ops on the NPU", len(subgraphs), count["npu"],
              count["cpu"], sum(v == "npu" for v in placement.values()), len(placement))
     return LoweredModel(subgraphs=subgraphs, references=references, fallbacks=fallbacks,
                         inputs=[_copy_vi(v) for v in g.graph_inputs], outputs=[_copy_vi(v) for v in g.graph_outputs],
-                        opset_imports=opsets, placement=placement)
+                        opset_imports=opsets, placement=placement, ops=lowered_ops)
+
+
+def _lowered_op(u: Unit) -> LoweredOp:
+    compute = [n for n in u.nodes if not is_q(n)]
+    assert u.ctx is not None
+    return LoweredOp([n.name for n in compute], [n.op_type for n in compute], [n.op_type for n in u.ctx.nodes])
 
 
 def _copy_vi(v: onnx.ValueInfoProto) -> onnx.ValueInfoProto:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -102,7 +103,8 @@ def _chainable(g: QdqGraph, node: onnx.NodeProto, tensor: str) -> bool:
         and np.asarray(others[0].value).size == 1
 
 
-def _output_chain(g: QdqGraph, node: onnx.NodeProto) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]] | str:
+def _output_chain(g: QdqGraph, node: onnx.NodeProto,
+                  cpu_nodes: Container[str] = ()) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]] | str:
     """(element-wise ops between the op and its QuantizeLinear, the QuantizeLinear of each output) or
     why the outputs are not quantized. The chain is one fused Relu / Clip, or the links of a
     lookup-table chain (single-output ops only)."""
@@ -122,7 +124,7 @@ def _output_chain(g: QdqGraph, node: onnx.NodeProto) -> tuple[list[onnx.NodeProt
             if len(users) == 1 and is_q(users[0]) and users[0].input[0] == cur:
                 qs.append(users[0])
                 break
-            if len(outs) == 1 and len(users) == 1 and _chainable(g, users[0], cur):
+            if len(outs) == 1 and len(users) == 1 and users[0].name not in cpu_nodes and _chainable(g, users[0], cur):
                 chain.append(users[0])
                 cur = users[0].output[0]
                 continue
@@ -148,7 +150,7 @@ def _try_npu(g: QdqGraph, node: onnx.NodeProto, index: int, options: LowerOption
             return f"input '{o.name}' is computed at run time (the NPU needs it constant)"
     if not any(o.kind == "act" for o in operands):
         return "no quantized activation input (constant subgraph)"
-    chain = _output_chain(g, node)
+    chain = _output_chain(g, node, options.cpu_nodes)
     if isinstance(chain, str):
         return _manual(op) if manual else chain
     links, qs = chain
@@ -264,7 +266,9 @@ def place(g: QdqGraph, options: LowerOptions) -> tuple[list[Unit], list[Fallback
         if node.name in taken or is_q(node) or is_dq(node):
             continue
         sub = owner.get(node.name)
-        decided = _try_npu(g, node, index, options if sub is None else per_sub[sub])
+        decided = options.cpu_nodes.get(node.name)
+        if decided is None:
+            decided = _try_npu(g, node, index, options if sub is None else per_sub[sub])
         if isinstance(decided, Unit):
             decided.sub = sub
             units.append(decided)
