@@ -6,9 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +14,6 @@ import onnx
 
 from pulsar.config.semantic import check_layer_configs
 from pulsar.context import BuildContext
-from pulsar.errors import PulsarError
 from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.algorithms import auto_mixed_precision
 from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
@@ -35,11 +32,11 @@ from pulsar.quant.layer_configs import (
 )
 from pulsar.quant.plan import QuantPlan, make_plan
 from pulsar.quant.qdq import export_qdq
+from pulsar.quant.samples import Samples, check_sample_dirs, open_sample_dir
 from pulsar.quant.scheme import BITS, DTYPES, TensorQuant
-from pulsar.runtime.io import read_inputs
-from pulsar.runtime.session import tensor_info
 from pulsar.ui import show, table
 from pulsar.utils.atomic import atomic_write_bytes, atomic_write_text
+from pulsar.utils.progress import counted, progress_task, progress_tasks
 
 log = logging.getLogger(__name__)
 
@@ -144,25 +141,23 @@ def check_dtypes(qmodel: onnx.ModelProto, params: dict[str, TensorQuant]) -> int
 NPU_ANALYSIS_SAMPLES = 32
 
 
-def analysis_samples(ctx: BuildContext) -> Iterable[dict[str, np.ndarray]]:
-    """quant.input_sample_dir (one file per input tensor, or one sub-directory per sample, in the
-    model's own input format), else the calibration data."""
+def analysis_samples(ctx: BuildContext) -> Samples:
+    """quant.input_sample_dir, else the calibration data, as the model's own inputs. The directory holds
+    the deployed inputs (what pulsar run and compiler.input_sample_dir take), converted here through the
+    input_processors; see :mod:`pulsar.quant.samples`."""
     sample_dir = ctx.cfg.quant.input_sample_dir
     if not sample_dir:
         return ctx.calibration
-    root = Path(sample_dir)
-    if not root.is_dir():
-        raise PulsarError(f"quant.input_sample_dir: '{sample_dir}' is not a directory")
-    inits = {t.name for t in ctx.model.graph.initializer}
-    infos = [tensor_info(vi) for vi in ctx.model.graph.input if vi.name not in inits]
-    subdirs = sorted(p for p in root.iterdir() if p.is_dir())
-    return (read_inputs(d, infos) for d in (subdirs or [root]))
+    return open_sample_dir("quant.input_sample_dir", sample_dir, ctx.cfg, ctx.model)
 
 
 def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str, Any]) -> None:
     """quant.precision_analysis: per-layer cosine / MSE / SQNR of the QDQ model against the float one."""
     method = ctx.cfg.quant.precision_analysis_method
-    rows = analyze(ctx.model, qmodel, analysis_samples(ctx), method=method, quant_json=qjson)
+    samples = analysis_samples(ctx)
+    with progress_task(ctx.stages, f"precision analysis ({method} Reference, {len(samples)} samples)",
+                       len(samples)) as task:
+        rows = analyze(ctx.model, qmodel, samples, method=method, quant_json=qjson, progress=task)
     title = f"Quant Precision Table [{method} Reference]"
     show(precision_table(rows, title), quiet=ctx.quiet)
     tpath, mpath = ctx.path("quant", "debug", "precision_analysis_table.txt"), ctx.path("quant", "debug",
@@ -201,8 +196,8 @@ def show_placement(ctx: BuildContext, plan: QuantPlan) -> None:
         if device == "CPU":
             groups[(ops[name], why)] = groups.get((ops[name], why), 0) + 1
     npu = sum(1 for d, _ in plan.placement.values() if d == "NPU")
-    log.info("placement: %d ops on the NPU, %d on the CPU (reasons per node in quant_config.json)", npu,
-             len(plan.placement) - npu)
+    log.info("placement: %d of %d ops on the NPU, %d on the CPU (reasons per node in quant_config.json)", npu,
+             len(plan.placement), len(plan.placement) - npu)
     if groups:
         rows = [(op, n, why) for (op, why), n in sorted(groups.items(), key=lambda kv: -kv[1])]
         show(table("Ops on the CPU", ["op type", "count", "why / how to move it"], rows), quiet=ctx.quiet)
@@ -245,9 +240,10 @@ def run_auto_mixed_precision(ctx: BuildContext, precision: dict[str, NodePrecisi
         ranges = activation_ranges(stats, plan, ctx.cfg.quant, model)
         return export_qdq(model, plan, ranges, **export_kw)[0]
 
-    layers, trials, ranking = auto_mixed_precision.search(model, export, samples, candidates,
-                                                          max_layers=amp.max_16bit_layers,
-                                                          target_cosine=amp.target_cosine)
+    with progress_tasks(ctx.stages) as new_task:
+        layers, trials, ranking = auto_mixed_precision.search(model, export, samples, candidates,
+                                                              max_layers=amp.max_16bit_layers,
+                                                              target_cosine=amp.target_cosine, new_task=new_task)
     show(table("Auto mixed precision (end-to-end output cosine vs float)", ["16-bit layers", "cosine", "layers"],
                [(len(t.layers), f"{t.cosine:.6f}", ", ".join(t.layers[:6]) + (" ..." if len(t.layers) > 6 else ""))
                 for t in trials]), quiet=ctx.quiet)
@@ -269,8 +265,10 @@ def run_smooth_quant(ctx: BuildContext) -> None:
     """quant.enable_smooth_quant: migrate activation outliers into the weights (exact in float), before
     calibration, so statistics and the QDQ model are those of the smoothed graph."""
     q = ctx.cfg.quant
-    ctx.model, reports = apply_smooth_quant(ctx.model, ctx.calibration, alpha=q.smooth_quant_strength,
-                                            threshold=q.smooth_quant_threshold)
+    n = len(ctx.calibration)
+    with progress_task(ctx.stages, f"smooth quant: channel ranges ({n} samples)", n) as task:
+        ctx.model, reports = apply_smooth_quant(ctx.model, counted(ctx.calibration, task),
+                                                alpha=q.smooth_quant_strength, threshold=q.smooth_quant_threshold)
     rows = [(r.layer, r.op_type, f"{r.outlier_ratio:.1f}", "yes" if r.smoothed else "no",
              r.absorbed_into or "-", f"{r.max_scale:.3g}") for r in reports]
     show(table("SmoothQuant", ["layer", "op", "outlier ratio", "smoothed", "1/s absorbed into", "max scale"], rows),
@@ -283,7 +281,8 @@ def run_easy_quant(ctx: BuildContext, qmodel: onnx.ModelProto, params: dict[str,
     """quant.enable_easy_quant: per-layer search of output and weight scales maximising the cosine with
     the float layer (arXiv 2006.16669), on up to 8 calibration samples."""
     samples = list(islice(iter(ctx.calibration), 8))
-    qmodel, rows = easy_quant(ctx.model, qmodel, samples)
+    with progress_task(ctx.stages, f"easy quant: layer scale search ({len(samples)} samples)", None) as task:
+        qmodel, rows = easy_quant(ctx.model, qmodel, samples, progress=task)
     changed = update_params(params, qmodel)
     show(table("EasyQuant (per-layer cosine vs float)", ["layer", "before", "after", "output scale x", "weight scale x"],
                [(r.layer, f"{r.cosine_before:.6f}", f"{r.cosine_after:.6f}", f"{r.act_factor:.3f}",
@@ -294,6 +293,7 @@ def run_easy_quant(ctx: BuildContext, qmodel: onnx.ModelProto, params: dict[str,
 
 def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     q = ctx.cfg.quant
+    check_sample_dirs(ctx.cfg, ctx.model)
     if q.enable_smooth_quant:
         run_smooth_quant(ctx)
     model = ctx.model

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -50,7 +51,7 @@ def end_to_end_cosine(float_model: onnx.ModelProto, qmodel: onnx.ModelProto,
 
 
 def ranked_layers(float_model: onnx.ModelProto, qmodel: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
-                  candidates: set[str]) -> list[tuple[str, float]]:
+                  candidates: set[str], progress: Callable[[int], None] | None = None) -> list[tuple[str, float]]:
     """(layer, cosine lost by that layer on its own) for the candidates, largest loss first.
 
     The loss is the PerLayer deficit ``1 - cosine``: the layer fed float inputs, its output quantized
@@ -58,29 +59,56 @@ def ranked_layers(float_model: onnx.ModelProto, qmodel: onnx.ModelProto, samples
     noise carried in from earlier layers: a quantized network is chaotic enough that on a few samples
     it ranks layers no better than chance (measured on the PP-OCRv4 recognizer: its 8 worst raised
     gave 0.975 exact match, the PerLayer 8 worst 0.995, float level)."""
-    rows = analyze(float_model, qmodel, samples, method="PerLayer")
+    rows = analyze(float_model, qmodel, samples, method="PerLayer", progress=progress)
     scored = [(r.node, 1.0 - float(np.nan_to_num(r.cosine, nan=0.0))) for r in rows if r.node in candidates]
     return sorted(scored, key=lambda t: (-t[1], t[0]))
 
 
-def search(float_model: onnx.ModelProto, export: Callable[[list[str]], onnx.ModelProto],
-           samples: list[dict[str, np.ndarray]], candidates: set[str], *, max_layers: int,
-           target_cosine: float) -> tuple[list[str], list[Trial], list[tuple[str, float]]]:
-    """Return the layers to raise, every trial scored, and the sensitivity ranking."""
-    base = export([])
-    ranking = ranked_layers(float_model, base, samples, candidates)
-    trials = [Trial([], end_to_end_cosine(float_model, base, samples))]
+def _sizes(max_layers: int, candidates: int) -> list[int]:
+    """Trial sizes 1, 2, 4, ... then the budget (or every candidate)."""
+    top = min(max_layers, candidates)
     sizes, k = [], 1
-    while k < min(max_layers, len(ranking)):
+    while k < top:
         sizes.append(k)
         k *= 2
-    sizes.append(min(max_layers, len(ranking)))
-    for k in dict.fromkeys(s for s in sizes if s > 0):
+    sizes.append(top)
+    return list(dict.fromkeys(s for s in sizes if s > 0))
+
+
+class _Task(Protocol):
+    def __call__(self, done: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def search(float_model: onnx.ModelProto, export: Callable[[list[str]], onnx.ModelProto],
+           samples: list[dict[str, np.ndarray]], candidates: set[str], *, max_layers: int,
+           target_cosine: float, new_task: Callable[[str, int | None], _Task] | None = None,
+           ) -> tuple[list[str], list[Trial], list[tuple[str, float]]]:
+    """Return the layers to raise, every trial scored, and the sensitivity ranking.
+
+    ``new_task(description, total)`` (see :mod:`pulsar.utils.progress`) shows the ranking (per sample)
+    and the trials (one tick each, the 8-bit baseline included) as they run."""
+    base = export([])
+    rank_task = new_task(f"auto mixed precision: ranking layers ({len(samples)} samples)", len(samples)) \
+        if new_task else None
+    ranking = ranked_layers(float_model, base, samples, candidates, progress=rank_task)
+    sizes = _sizes(max_layers, len(ranking))
+    trial_task = new_task(f"auto mixed precision: trials (up to {len(sizes) + 1})", len(sizes) + 1) \
+        if new_task else None
+    trials = [Trial([], end_to_end_cosine(float_model, base, samples))]
+    if trial_task:
+        trial_task(1)
+    for k in sizes:
         if target_cosine and trials[-1].cosine >= target_cosine:
             break
         layers = [name for name, _ in ranking[:k]]
         trials.append(Trial(layers, end_to_end_cosine(float_model, export(layers), samples)))
         log.info("auto mixed precision: %d layer(s) at 16 bits -> end-to-end cosine %.6f", k, trials[-1].cosine)
+        if trial_task:
+            trial_task(len(trials))
+    if trial_task:
+        trial_task.finish()
     reached = [t for t in trials if target_cosine and t.cosine >= target_cosine]
     best = min(reached, key=lambda t: len(t.layers)) if reached else max(trials, key=lambda t: t.cosine)
     return best.layers, trials, ranking

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -275,10 +275,11 @@ def _check_args(float_model: onnx.ModelProto, samples: list[dict[str, np.ndarray
 
 def easy_quant(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]],
                *, rounds: int = 2, grid: Sequence[float] = np.linspace(0.5, 1.2, 15),
-               ) -> tuple[onnx.ModelProto, list[EasyQuantReport]]:
+               progress: Callable[[int], None] | None = None) -> tuple[onnx.ModelProto, list[EasyQuantReport]]:
     """Search the output scale and weight scales of every quantized Conv / Gemm / MatMul; returns the
     updated copy of ``qdq_model`` (the input is untouched) and one report row per searched layer.
-    ``float_model`` is the model ``qdq_model`` was exported from; ``samples`` are its inputs."""
+    ``float_model`` is the model ``qdq_model`` was exported from; ``samples`` are its inputs.
+    ``progress(n)`` is called after the n-th layer."""
     samples = list(samples)
     factors = np.concatenate([[1.0], np.asarray(grid, dtype=np.float64).ravel()])
     _check_args(float_model, samples, rounds, factors[1:])
@@ -303,6 +304,8 @@ def easy_quant(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto, samples
         runner = Runner(layer, qmodel, inits)
         reports.append(_Search(layer, g, values, runner, changed, bias_users).run(factors, rounds))
         values.release([n for n, i in last_use.items() if i == idx])
+        if progress is not None:
+            progress(idx + 1)
         r = reports[-1]
         log.debug("easy_quant %s: cosine %.6f -> %.6f (act x%.3f, weight x%.3f)", r.layer, r.cosine_before,
                   r.cosine_after, r.act_factor, r.weight_factor)

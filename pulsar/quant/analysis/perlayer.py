@@ -245,10 +245,11 @@ def _feeds(sample: Any, names: list[str], k: int) -> dict[str, np.ndarray]:
 
 
 def analyze(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]],
-            *, method: str = "PerLayer", quant_json: dict | None = None) -> list[LayerPrecision]:
+            *, method: str = "PerLayer", quant_json: dict | None = None,
+            progress: Callable[[int], None] | None = None) -> list[LayerPrecision]:
     """Precision of every float-model layer's first output in the QDQ model, averaged over ``samples``.
 
-    ``samples`` is consumed once, one sample at a time. ``quant_json`` (the parsed
+    ``samples`` is consumed once, one sample at a time; ``progress(n)`` is called after the n-th. ``quant_json`` (the parsed
     quant/quant_config.json) supplies the QDType column; without it the dtype is read from the
     QDQ model's DequantizeLinear zero points.
     """
@@ -278,6 +279,8 @@ def analyze(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto, samples: I
                 shapes[i] = tuple(int(d) for d in a.shape)
             accs[i].add(a, values[p.qdq_out])
         count += 1
+        if progress is not None:
+            progress(count)
     if not count:
         raise PulsarError("precision analysis: no samples were given; pass at least one input sample")
     tensors = (quant_json or {}).get("tensors", {})
