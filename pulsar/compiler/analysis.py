@@ -11,20 +11,22 @@ are. Same table, same mermaid graph as the Reference mode.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from pulsar.compiler.check import lowered_session
+from pulsar.compiler.lower import LowerOptions
 from pulsar.compiler.lower.model import SubRange
-from pulsar.compiler.package import package_qdq_model
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
 from pulsar.quant.analysis import LayerPrecision, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.analysis.metrics import Accumulator
-from pulsar.runtime.session import Session
+from pulsar.ui import show
+from pulsar.utils.progress import progress_task
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +48,14 @@ def _float_values(model: onnx.ModelProto, names: list[str]) -> ort.InferenceSess
 
 def npu_backend_rows(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str, Any],
                      samples: Iterable[dict[str, np.ndarray]],
-                     sub_configs: list[SubRange] | None = None) -> list[LayerPrecision]:
-    """One row per float-model layer whose output the simulated model computes; ``sub_configs``
-    lowers their ranges with their own options, as the compiled model does."""
-    path = package_qdq_model(qmodel, ctx.path("quant", "debug", "npu_backend_analysis.pulsar"), {},
-                             lut_items_in_bits=ctx.cfg.compiler.lut_items_in_bits, sub_configs=sub_configs)
-    sim = Session(path, mode="NPUBackend")
+                     sub_configs: list[SubRange] | None = None, cpu_nodes: dict[str, str] | None = None,
+                     progress: Callable[[int], None] | None = None) -> list[LayerPrecision]:
+    """One row per float-model layer whose output the simulated model computes. The QDQ model is lowered
+    as the compiled model is: ``sub_configs`` ranges with their own options, ``cpu_nodes`` (the ops the
+    quantization placed on the CPU) kept there. ``progress(n)`` is called after the n-th sample."""
+    options = LowerOptions(lut_items_in_bits=ctx.cfg.compiler.lut_items_in_bits, sub_configs=list(sub_configs or []),
+                           cpu_nodes=dict(cpu_nodes or {}))
+    sim = lowered_session(qmodel, ctx.path("quant", "debug", "npu_backend_analysis.pulsar"), options)
     tensors = qjson.get("tensors", {})
     layers = [(n.name or f"{n.op_type}_{i}", n, n.output[0]) for i, n in enumerate(ctx.model.graph.node)
               if n.output and n.output[0]]
@@ -78,6 +82,8 @@ def npu_backend_rows(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str
             accs.setdefault(t, Accumulator()).add(ref[t], value.reshape(ref[t].shape))
             shapes.setdefault(t, tuple(int(d) for d in ref[t].shape))
         count += 1
+        if progress is not None:
+            progress(count)
     if not count:
         raise PulsarError("precision analysis: no samples were given; pass at least one input sample")
     return [LayerPrecision(name, n.op_type, t, shapes[t], "FP32", str(tensors.get(t, {}).get("dtype", "FP32")),
@@ -85,12 +91,12 @@ def npu_backend_rows(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str
 
 
 def run_npu_backend_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str, Any],
-                             samples: Iterable[dict[str, np.ndarray]],
-                             sub_configs: list[SubRange] | None = None) -> None:
-    rows = npu_backend_rows(ctx, qmodel, qjson, samples, sub_configs)
+                             samples: list[dict[str, np.ndarray]], sub_configs: list[SubRange] | None = None,
+                             cpu_nodes: dict[str, str] | None = None) -> None:
+    with progress_task(ctx.stages, f"precision analysis (EndToEnd NPUBackend, {len(samples)} samples)",
+                       len(samples)) as task:
+        rows = npu_backend_rows(ctx, qmodel, qjson, samples, sub_configs, cpu_nodes, progress=task)
     title = "Quant Precision Table [EndToEnd NPUBackend]"
-    from pulsar.ui import show
-
     show(precision_table(rows, title), quiet=ctx.quiet)
     tpath = ctx.path("quant", "debug", "precision_analysis_table.txt")
     mpath = ctx.path("quant", "debug", "precision_analysis.mmd")

@@ -35,9 +35,11 @@ from pulsar.compiler.lower.model import SubRange
 from pulsar.compiler.package import package
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
-from pulsar.runtime.io import random_inputs, read_inputs
+from pulsar.quant.samples import deployed_sample_dir
+from pulsar.runtime.io import random_inputs
 from pulsar.runtime.session import Session
 from pulsar.ui import show, table
+from pulsar.utils.progress import progress_task
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,9 @@ CHECKS: dict[int, tuple[str, Compare]] = {
 
 
 def check_samples(ctx: BuildContext, session: Session) -> list[dict[str, np.ndarray]]:
-    """compiler.input_sample_dir (deployed format); else calibration samples when the compiled inputs
-    are the model's own, else seeded random deployed inputs (processors changed the inputs)."""
+    """compiler.input_sample_dir (the deployed format, read as quant.input_sample_dir is); else calibration
+    samples when the compiled inputs are the model's own, else seeded random deployed inputs (processors
+    changed the inputs)."""
     sample_dir = ctx.cfg.compiler.input_sample_dir
     if not sample_dir:
         own = [(i.name, tuple(d.dim_value for d in i.type.tensor_type.shape.dim), i.type.tensor_type.elem_type)
@@ -70,24 +73,28 @@ def check_samples(ctx: BuildContext, session: Session) -> list[dict[str, np.ndar
         if own == deployed and ctx.check_samples:
             return ctx.check_samples
         return [random_inputs(session.inputs, seed=i) for i in range(2)]
-    root = Path(sample_dir)
-    if not root.is_dir():
-        raise PulsarError(f"compiler.input_sample_dir: '{sample_dir}' is not a directory")
-    subdirs = sorted(p for p in root.iterdir() if p.is_dir())
-    return [read_inputs(d, session.inputs) for d in (subdirs or [root])]
+    return list(deployed_sample_dir("compiler.input_sample_dir", sample_dir, ctx.model, session.inputs))
 
 
-def integer_reference(deployed: onnx.ModelProto, path: Path, lut_items_in_bits: int = 10,
-                      sub_configs: list[SubRange] | None = None) -> Session:
-    """The QDQ model lowered again and packaged at ``path``: check 2's independent reference (with the
-    compiled model's sub-config ranges, whose options change the integer program)."""
-    lowered = lower_qdq_model(deployed, LowerOptions(lut_items_in_bits=lut_items_in_bits,
-                                                     sub_configs=list(sub_configs or [])))
+def lowered_session(qdq_model: onnx.ModelProto, path: Path, options: LowerOptions) -> Session:
+    """``qdq_model`` lowered with ``options``, packaged at ``path`` and opened in the simulator."""
+    if qdq_model.functions:
+        qdq_model = onnx.inliner.inline_local_functions(qdq_model)
+    lowered = lower_qdq_model(qdq_model, options)
     for sg in lowered.subgraphs:
         sg.reference = lowered.references.get(sg.name)
     package(lowered.subgraphs, inputs=lowered.inputs, outputs=lowered.outputs, opset_imports=lowered.opset_imports,
-            metadata={}, path=path, ir_version=deployed.ir_version)
+            metadata={}, path=path, ir_version=qdq_model.ir_version)
     return Session(path, mode="NPUBackend")
+
+
+def integer_reference(deployed: onnx.ModelProto, path: Path, lut_items_in_bits: int = 10,
+                      sub_configs: list[SubRange] | None = None, cpu_nodes: dict[str, str] | None = None) -> Session:
+    """The QDQ model lowered again and packaged at ``path``: check 2's independent reference (with the
+    compiled model's sub-config ranges, whose options change the integer program, and its CPU ops)."""
+    return lowered_session(deployed, path, LowerOptions(lut_items_in_bits=lut_items_in_bits,
+                                                        sub_configs=list(sub_configs or []),
+                                                        cpu_nodes=dict(cpu_nodes or {})))
 
 
 def _describe(got: np.ndarray, want: np.ndarray) -> str:
@@ -97,9 +104,10 @@ def _describe(got: np.ndarray, want: np.ndarray) -> str:
 
 
 def compare(sim: Session, ref: Session, samples: list[dict[str, np.ndarray]], c: Any,
-            ref_name: str) -> tuple[list[tuple[int, str, str]], int]:
+            ref_name: str, progress: Callable[[int], None] | None = None) -> tuple[list[tuple[int, str, str]], int]:
     """Compare ``sim`` with ``ref`` per ``c.check`` / ``c.check_mode``; raise on the first failure.
-    Returns table rows (one per output and sample) and the number of tensor comparisons."""
+    Returns table rows (one per output and sample) and the number of tensor comparisons;
+    ``progress(n)`` is called after the n-th sample."""
     name, ok = CHECKS[c.check]
     black = [re.compile(p) for p in c.check_tensor_black_list]
     per_layer = c.check_mode == "CheckPerLayer"
@@ -121,24 +129,29 @@ def compare(sim: Session, ref: Session, samples: list[dict[str, np.ndarray]], c:
                 raise PulsarError(f"compiler.check {c.check} ({name}, {c.check_mode}) failed on {what} '{t}' of "
                                   f"sample {i} against the {ref_name}: {detail}")
         rows += [(i, o.name, _describe(got[o.name], want[o.name])) for o in sim.outputs]
+        if progress is not None:
+            progress(i + 1)
     return rows, compared
 
 
 def check_compiled(ctx: BuildContext, compiled: Path, deployed: onnx.ModelProto,
-                   sub_configs: list[SubRange] | None = None) -> None:
-    """Run ``compiler.check`` on the compiled model; a failure is a PulsarError naming the tensor."""
+                   sub_configs: list[SubRange] | None = None, cpu_nodes: dict[str, str] | None = None) -> None:
+    """Run ``compiler.check`` on the compiled model; a failure is a PulsarError naming the tensor.
+    ``sub_configs`` / ``cpu_nodes``: as the compiled model was lowered (check 2 lowers it again)."""
     c = ctx.cfg.compiler
     sim = Session(compiled, mode="NPUBackend")
     if c.check == 2:
         ref = integer_reference(deployed, ctx.path("compiler", "check_reference.pulsar"), c.lut_items_in_bits,
-                                sub_configs)
+                                sub_configs, cpu_nodes)
         ref_name = "integer reference re-lowered from the QDQ model"
     else:
         ref, ref_name = Session(compiled, mode="Reference"), "float QDQ reference"
     samples = check_samples(ctx, sim)
     if not samples:
         raise PulsarError("compiler.check: no samples to check with; set compiler.input_sample_dir")
-    rows, compared = compare(sim, ref, samples, c, ref_name)
+    what = f"compiler check {c.check} ({CHECKS[c.check][0]}, {c.check_mode}, {len(samples)} samples)"
+    with progress_task(ctx.stages, what, len(samples)) as task:
+        rows, compared = compare(sim, ref, samples, c, ref_name, progress=task)
     show(table(f"Compiler check {c.check} ({CHECKS[c.check][0]}, {c.check_mode}) vs {ref_name}: pass",
                ["sample", "output", "difference"], rows), quiet=ctx.quiet)
     log.info("compiler check %d passed: %d tensor comparisons over %d samples", c.check, compared, len(samples))

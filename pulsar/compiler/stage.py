@@ -32,20 +32,10 @@ from pulsar.compiler.targets import load_profile
 from pulsar.compiler.trace import SUMMARY_COLUMNS, chrome_trace, summary_rows
 from pulsar.context import BuildContext
 from pulsar.frontend.processors import attach_input_processors, attach_output_processors
+from pulsar.quant.samples import calibration_normalization
 from pulsar.ui import show, table
 
 log = logging.getLogger(__name__)
-
-
-def calibration_normalization(cfg: Any, model: onnx.ModelProto) -> dict[str, tuple[list[float], list[float]]]:
-    """input -> (calibration_mean, calibration_std): the defaults of input_processors' mean / std."""
-    out = {}
-    for vi in model.graph.input:
-        entries = [c for c in cfg.quant.input_configs if c.tensor_name == vi.name]
-        entries = entries or [c for c in cfg.quant.input_configs if c.tensor_name == "DEFAULT"]
-        if entries:
-            out[vi.name] = (list(entries[0].calibration_mean or []), list(entries[0].calibration_std or []))
-    return out
 
 
 def attach_processors(ctx: BuildContext, qmodel: onnx.ModelProto, notes: list[str] | None = None) -> onnx.ModelProto:
@@ -103,14 +93,14 @@ def _quant_placement(ctx: BuildContext) -> dict[str, tuple[str, str]] | None:
         return None
 
 
-def _show_placement(ctx: BuildContext, lowered: LoweredModel, qmodel: onnx.ModelProto,
-                    deployed: onnx.ModelProto) -> OpCounts:
+def _show_placement(ctx: BuildContext, lowered: LoweredModel, qmodel: onnx.ModelProto, deployed: onnx.ModelProto,
+                    placement: dict[str, tuple[str, str]] | None) -> OpCounts:
     """The CPU fallbacks, and the op counts reconciled with the quantization placement (every difference
     named); processor ops get their own reason (layer_configs cannot select them)."""
     sides = processor_side(qmodel, deployed)
     lowered.fallbacks = [dataclasses.replace(f, reason=processor_reason(sides[f.node])) if f.node in sides else f
                          for f in lowered.fallbacks]
-    counts = reconcile(lowered, qmodel, deployed, _quant_placement(ctx))
+    counts = reconcile(lowered, qmodel, deployed, placement)
     log.info("compiled: %s", counts.headline())
     rows = fallback_report(lowered)
     if rows:
@@ -160,12 +150,15 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
     meta["processors"] = []
     deployed = attach_processors(ctx, qmodel, meta["processors"])
     subs = sub_ranges(cfg.compiler)
+    placement = _quant_placement(ctx)
+    # the quantization's CPU ops stay on the CPU (e.g. a manual op or an FP32 layer between quantized tensors)
+    cpu_nodes = {n: why for n, (device, why) in (placement or {}).items() if device == "CPU"}
     lowered = lower_qdq_model(deployed, LowerOptions(lut_items_in_bits=cfg.compiler.lut_items_in_bits,
-                                                     sub_configs=subs))
+                                                     sub_configs=subs, cpu_nodes=cpu_nodes))
     for sg in lowered.subgraphs:
         sg.reference = lowered.references.get(sg.name)
         sg.options = {"lut_items_in_bits": cfg.compiler.lut_items_in_bits, **sg.options}
-    counts = _show_placement(ctx, lowered, qmodel, deployed)
+    counts = _show_placement(ctx, lowered, qmodel, deployed, placement)
     _show_sub_configs(lowered, subs)
     meta["estimate"] = _estimate(ctx, lowered)
     meta["inputs"] = tensor_infos(lowered.inputs)
@@ -177,8 +170,8 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
                    ir_version=deployed.ir_version)
     ctx.artifacts["compiled model"] = path
     if cfg.compiler.check:
-        check_compiled(ctx, path, deployed, subs)
+        check_compiled(ctx, path, deployed, subs, cpu_nodes)
     if cfg.quant.precision_analysis and cfg.quant.precision_analysis_mode == "NPUBackend":
         qjson = json.loads(ctx.path("quant", "quant_config.json").read_text())
-        run_npu_backend_analysis(ctx, qmodel, qjson, ctx.analysis_samples, subs)
+        run_npu_backend_analysis(ctx, qmodel, qjson, ctx.analysis_samples, subs, cpu_nodes)
     return path
