@@ -54,8 +54,16 @@ def guarded(fn: F) -> F:
             from pulsar.config import ConfigError
 
             _fail("\n".join(e.problems) if isinstance(e, ConfigError) and len(e.problems) > 1 else str(e), debug)
-        except KeyboardInterrupt:
-            _fail("interrupted", debug)
+        except KeyboardInterrupt as e:
+            from pulsar.utils.signals import Terminated
+
+            how = f"terminated ({e})" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
+            _fail(f"{how}; stopped cleanly, unfinished files removed and earlier results left as they were", debug)
+        except MemoryError:
+            _fail("out of memory; use smaller input shapes / batch sizes, or a machine with more memory", debug)
+        except OSError as e:  # the environment refused something (a safety net: stages name their files)
+            where = f"{e.filename}: " if e.filename else ""
+            _fail(f"{where}{e.strerror or e}", debug)
 
     return wrapper  # type: ignore[return-value]
 
@@ -136,7 +144,7 @@ def run(
                                                                   "core each (default: one per core)")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ) -> None:
-    from pulsar.api import run_model
+    from pulsar.runtime.runner import run_model
     from pulsar.ui import out_console, print_literal, print_renderable, table
 
     result = run_model(model=model, output_dir=output_dir, input_dir=input_dir, list_file=list_file,

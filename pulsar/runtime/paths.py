@@ -36,7 +36,7 @@ def check_path_text(flag: str, path: str | os.PathLike) -> Path:
     bad = _CONTROL.search(text)
     if bad:
         what = "a NUL byte" if bad.group(0) == "\0" else f"a control character ({literal(bad.group(0))})"
-        raise PulsarError(f"{flag} {literal(text)!r} contains {what} at position {bad.start()}; fix the path")
+        raise PulsarError(f"{flag} '{literal(text)}' contains {what} at position {bad.start()}; fix the path")
     return Path(text)
 
 

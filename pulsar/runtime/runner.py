@@ -13,11 +13,13 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from pulsar.errors import PulsarError
 from pulsar.ui import setup_logging
+
+if TYPE_CHECKING:  # numpy is imported only once the flags are checked
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +41,11 @@ class RunResult:
         return 1000.0 * self.seconds / max(1, self.samples)
 
 
-def _check_batch_memory(session, batch_size: int) -> None:
+def _check_batch_memory(tensors: list, batch_size: int) -> None:
     """An error before allocating when ``batch_size`` samples' inputs and outputs cannot fit in memory."""
     from pulsar.runtime.paths import available_memory, human_bytes
 
-    per_run = sum(math.prod(max(d, 1) for d in t.shape) * t.dtype.itemsize for t in session.inputs + session.outputs)
+    per_run = sum(math.prod(max(d, 1) for d in t.shape) * t.dtype.itemsize for t in tensors)
     needed = per_run * batch_size
     available = available_memory()
     if available is not None and needed > available:
@@ -75,9 +77,7 @@ def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Pat
     time; ``perlayer`` also writes every tensor the model computes to ``<output>/perlayer/``.
     Independent samples (the batches of a file, the directories of a list) run ``workers`` at a time,
     one core each (default: one per core)."""
-    from pulsar.runtime.io import random_inputs, read_inputs
     from pulsar.runtime.paths import discard_created, prepare_output_dir, read_sample_list
-    from pulsar.runtime.session import Session
 
     setup_logging()
     paths = _check_flags(model, output_dir, input_dir, list_file, batch_size, workers)
@@ -86,17 +86,24 @@ def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Pat
         raise PulsarError("give --input_dir (files named after the input tensors), --list, or --random_input")
     created = prepare_output_dir(out)  # removed again if the run fails
     try:
-        session = Session(paths["--model"], mode=mode)
-        infos = session.batched_inputs(batch_size)
-        _check_batch_memory(session, batch_size)
+        # imported only now: flag mistakes above are reported without loading onnx / onnxruntime
+        from pulsar.compiler.package import load_compiled
+        from pulsar.runtime.io import random_inputs, read_inputs
+        from pulsar.runtime.session import Session, batched_inputs, check_mode, tensor_info
+
+        check_mode(mode)
+        compiled = load_compiled(paths["--model"])
+        inputs = [tensor_info(v) for v in compiled.model.graph.input]
+        infos = batched_inputs(inputs, batch_size)
+        _check_batch_memory(inputs + [tensor_info(v) for v in compiled.model.graph.output], batch_size)
         entries = read_sample_list(list_file, input_dir) if list_file is not None else []
-        # every input is read (and checked) before anything runs or is written
+        # every input is read (and checked) before the model is prepared, anything runs or is written
         for e in entries:
-            read_inputs(e.sample_dir, session.inputs, batch_size=batch_size)
+            read_inputs(e.sample_dir, inputs, batch_size=batch_size)
         first = None
         if not entries:
-            first = random_inputs(infos) if random_input else read_inputs(input_dir, session.inputs,
-                                                                          batch_size=batch_size)
+            first = random_inputs(infos) if random_input else read_inputs(input_dir, inputs, batch_size=batch_size)
+        session = Session(compiled, mode=mode)
         return _execute(session, out, entries, first, batch_size, perlayer, workers)
     except BaseException:
         discard_created(created)

@@ -66,6 +66,25 @@ def reference_session_options() -> ort.SessionOptions:
     return opts
 
 
+def check_mode(mode: str) -> None:
+    if mode not in RUNNER_FACTORIES:
+        known = sorted(RUNNER_FACTORIES)
+        raise PulsarError(f"unknown --mode {mode!r}{did_you_mean(mode, known)}; choose one of {known}")
+
+
+def batched_inputs(inputs: list[TensorInfo], batch_size: int) -> list[TensorInfo]:
+    """``inputs`` for ``batch_size`` samples stacked along axis 0 (what ``Session.run_batches`` takes)."""
+    if batch_size < 1:
+        raise PulsarError(f"--batch_size must be at least 1, got {batch_size}")
+    out = []
+    for info in inputs:
+        if not info.shape or info.shape[0] < 1:
+            raise PulsarError(f'input "{info.name}" has no static batch dimension (shape {info.shape}); '
+                              "--batch_size needs one")
+        out.append(TensorInfo(info.name, (info.shape[0] * batch_size, *info.shape[1:]), info.dtype))
+    return out
+
+
 # A runner executes one subgraph: feeds by name -> outputs by name (every tensor with ``keep``).
 Runner = Callable[[dict[str, np.ndarray], bool], dict[str, np.ndarray]]
 RUNNER_FACTORIES: dict[str, Callable[[Subgraph, list[onnx.OperatorSetIdProto], int], Runner]] = {}
@@ -164,9 +183,7 @@ class Session:
     """Load a compiled model once, run it many times."""
 
     def __init__(self, model: str | Path | CompiledModel, *, mode: str = DEFAULT_MODE) -> None:
-        if mode not in RUNNER_FACTORIES:
-            known = sorted(RUNNER_FACTORIES)
-            raise PulsarError(f"unknown --mode {mode!r}{did_you_mean(mode, known)}; choose one of {known}")
+        check_mode(mode)
         self.compiled = model if isinstance(model, CompiledModel) else load_compiled(model)
         self.mode = mode
         graph = self.compiled.model.graph
@@ -207,15 +224,7 @@ class Session:
 
     def batched_inputs(self, batch_size: int) -> list[TensorInfo]:
         """Input infos for ``batch_size`` samples stacked along axis 0 (what ``run_batches`` takes)."""
-        if batch_size < 1:
-            raise PulsarError(f"--batch_size must be at least 1, got {batch_size}")
-        out = []
-        for info in self.inputs:
-            if not info.shape or info.shape[0] < 1:
-                raise PulsarError(f'input "{info.name}" has no static batch dimension (shape {info.shape}); '
-                                  "--batch_size needs one")
-            out.append(TensorInfo(info.name, (info.shape[0] * batch_size, *info.shape[1:]), info.dtype))
-        return out
+        return batched_inputs(self.inputs, batch_size)
 
     def run_batches(self, feeds: dict[str, np.ndarray], batch_size: int,
                     workers: int | None = None) -> dict[str, np.ndarray]:
