@@ -37,7 +37,7 @@ def _trailer(value: str) -> bytes:
     return tail.SerializeToString()
 
 
-def digest(data: bytes) -> str:
+def digest(data: bytes | memoryview) -> str:
     return f"{_ALGORITHM}:{hashlib.sha256(data).hexdigest()}"
 
 
@@ -69,7 +69,7 @@ def verify(path: Path, raw: bytes, model: onnx.ModelProto) -> str | None:
     if len(values) > 1 or not value.startswith(f"{_ALGORITHM}:") or not raw.endswith(trailer):
         raise PulsarError(f"compiled model {path}: checksum mismatch (the checksum entry is damaged or the file "
                           "was edited after pulsar wrote it); the file is corrupt: rebuild it")
-    actual = digest(raw[: len(raw) - len(trailer)])
+    actual = digest(memoryview(raw)[: len(raw) - len(trailer)])  # no copy of a large file
     if actual != value:
         raise PulsarError(f"compiled model {path}: checksum mismatch (stored {value[:19]}..., content "
                           f"{actual[:19]}...); the file is corrupt: rebuild it")

@@ -152,7 +152,7 @@ def read_sample_list(list_path: str | os.PathLike, input_dir: str | os.PathLike,
                               f"({literal(bad.group(0))}); fix the line")
         sample = Path(entry) if Path(entry).is_absolute() else input_dir / entry
         if not sample.is_dir():
-            raise PulsarError(f"{list_path}:{lineno}: sample directory {sample} does not exist")
+            raise PulsarError(f"{flag} file {list_path}:{lineno}: sample directory {sample} does not exist")
         name = _unique_name(sample.name, lineno, used)
         used.add(name.casefold())
         if name != sample.name:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +63,20 @@ def test_run_prints_outputs_and_time_per_sample(model, tmp_path):
     assert "wrote 2 output file(s)" in proc.stderr  # logs stay on stderr
     assert sorted(p.relative_to(tmp_path / "o").as_posix() for p in (tmp_path / "o").rglob("*.npy")) == \
         ["s0/logits.npy", "s1/logits.npy"]
+
+
+def test_info_of_a_model_with_little_metadata(tmp_path):
+    """A file written by package_qdq_model with no build metadata still summarises (missing fields: '-')."""
+    from rich.console import Console
+
+    from pulsar.compiler.package import package_qdq_model
+    from pulsar.runtime.info import model_summary
+    from tests.runtime.test_session import qdq_conv_model
+
+    path = package_qdq_model(qdq_conv_model(), tmp_path / "m.pulsar", {})
+    console = Console(record=True, width=300, file=open(os.devnull, "w"))  # noqa: SIM115
+    for t in model_summary(path):
+        console.print(t)
+    text = console.export_text()
+    console.file.close()
+    assert re.search(r"target hardware\s+│ -\s", text) and "images" in text and "2x3x16x16" in text and "npu_0" in text
