@@ -76,6 +76,8 @@ def batched_inputs(inputs: list[TensorInfo], batch_size: int) -> list[TensorInfo
     """``inputs`` for ``batch_size`` samples stacked along axis 0 (what ``Session.run_batches`` takes)."""
     if batch_size < 1:
         raise PulsarError(f"--batch_size must be at least 1, got {batch_size}")
+    if batch_size == 1:  # as compiled: a dynamic batch dimension is fine too
+        return list(inputs)
     out = []
     for info in inputs:
         if not info.shape or info.shape[0] < 1:
