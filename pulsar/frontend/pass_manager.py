@@ -18,11 +18,10 @@ import onnx
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.frontend.check import Sample, compare_models, compare_outputs, random_samples, run
 from pulsar.frontend.graph import DEFAULT_DOMAINS, subgraphs
-from pulsar.frontend.loader import name_nodes
 from pulsar.frontend.passes import DEFAULT_PASSES, PASSES
 from pulsar.frontend.shapes import infer_shapes
 
-__all__ = ["PassRecord", "compare_models", "op_histogram", "optimize", "simplify_with_onnxslim"]
+__all__ = ["PassRecord", "compare_models", "op_histogram", "optimize"]
 
 log = logging.getLogger(__name__)
 
@@ -160,27 +159,6 @@ def optimize(
             record.seconds, record.check_seconds,
         )  # fmt: skip
     return model, list(records.values())
-
-
-def simplify_with_onnxslim(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``onnx_opt.enable_onnxsim``: onnxslim's folding and fusions on a copy of the model."""
-    import onnxslim
-
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    try:
-        slimmed = onnxslim.slim(copy)
-    except Exception as exc:
-        raise PulsarError(
-            f"onnx_opt.enable_onnxsim: onnxslim failed on this model ({_first_line(exc)}); "
-            "set `onnx_opt.enable_onnxsim: false`"
-        ) from exc
-    if not isinstance(slimmed, onnx.ModelProto):
-        raise PulsarError(
-            "onnx_opt.enable_onnxsim: onnxslim returned no model; set `onnx_opt.enable_onnxsim: false`"
-        )
-    name_nodes(slimmed.graph)
-    return slimmed
 
 
 def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import logging
 from itertools import islice
+from pathlib import Path
 
 import onnx
 
 from pulsar.config.semantic import check_against_model
 from pulsar.context import BuildContext
+from pulsar.errors import PulsarError
 from pulsar.frontend.loader import load_model
-from pulsar.frontend.pass_manager import compare_models, optimize, simplify_with_onnxslim
+from pulsar.frontend.pass_manager import compare_models, optimize
 from pulsar.frontend.patch import apply_const_processors, apply_op_processors
 from pulsar.frontend.report import frontend_report_rows, summarize
 from pulsar.frontend.shapes import apply_input_shapes, infer_shapes, parse_input_shapes, require_static_inputs
+from pulsar.frontend.simplify import DEFAULT_SIMPLIFIER, simplify
 from pulsar.ui import show, table
 from pulsar.utils.atomic import atomic_write_bytes
 
@@ -42,9 +45,20 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
     ctx.check_samples = samples or []
     model = original
     before = summarize(model)
+    rows = []  # (pass, iterations, seconds) of what changed the graph, the simplifier first
     if opt.enable_onnxsim:
-        model = simplify_with_onnxslim(model)
-        log.info("onnxslim: %d -> %d nodes", len(original.graph.node), len(model.graph.node))
+        if ctx.imported:
+            raise PulsarError(
+                "onnx_opt.enable_onnxsim: a QuantONNX model's imported scales are bound to its tensor "
+                "names, which a simplifier folds away; set `onnx_opt.enable_onnxsim: false`"
+            )
+        simplified = simplify(
+            model, opt.simplifier or DEFAULT_SIMPLIFIER, model_name=Path(ctx.cfg.input).name,
+            check=not opt.disable_transformation_check, samples=samples,
+        )  # fmt: skip
+        model = simplified.model
+        if simplified.fallback is None:
+            rows.append((simplified.tool, 1, f"{simplified.seconds:.2f}"))
     records = []
     if ctx.imported:
         log.info("QuantONNX input: graph passes skipped so the imported scales keep their tensors")
@@ -53,16 +67,9 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
     model = infer_shapes(model)
     show(table("Frontend report", ["op type / total", "before", "after"], frontend_report_rows(before, summarize(model))),
          quiet=ctx.quiet)
-    changed = [r for r in records if r.changed_iterations]
-    if changed:
-        show(
-            table(
-                "Passes that changed the graph",
-                ["pass", "iterations", "seconds"],
-                [(r.name, r.changed_iterations, f"{r.seconds:.2f}") for r in changed],
-            ),
-            quiet=ctx.quiet,
-        )
+    rows += [(r.name, r.changed_iterations, f"{r.seconds:.2f}") for r in records if r.changed_iterations]
+    if rows:
+        show(table("Passes that changed the graph", ["pass", "iterations", "seconds"], rows), quiet=ctx.quiet)
     if opt.model_check:
         rows = compare_models(original, model, samples)
         show(

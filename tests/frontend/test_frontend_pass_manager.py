@@ -1,22 +1,20 @@
-"""The pass manager: fixed point, transformation check, records, onnxslim, histogram."""
+"""The pass manager: fixed point, transformation check, records, histogram."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import pytest
-from frontend_graphs import conv_bn_model, make_model, randn, shape_chain_model, tensor
+from frontend_graphs import conv_bn_model, make_model, randn, tensor
 from onnx import helper, numpy_helper
 
 from pulsar.errors import PulsarError
 from pulsar.frontend.check import random_samples
-from pulsar.frontend.loader import apply_input_shapes
 from pulsar.frontend.pass_manager import (
     PassRecord,
     compare_models,
     op_histogram,
     optimize,
-    simplify_with_onnxslim,
 )
 from pulsar.frontend.passes import DEFAULT_PASSES, PASSES, register_pass
 
@@ -138,14 +136,6 @@ def test_compare_models_reports_each_output():
     assert rows[1]["max_abs_diff"] == pytest.approx(6.0)
     assert rows[1]["rel_diff"] == pytest.approx(1.5)
     assert rows[1]["cosine"] == pytest.approx(1 / 3)
-
-
-def test_simplify_with_onnxslim_keeps_outputs():
-    model = apply_input_shapes(shape_chain_model(), {"x": [1, 3, 4, 4]})
-    slimmed = simplify_with_onnxslim(model)
-    assert "Shape" not in op_histogram(slimmed)
-    assert all(n.name for n in slimmed.graph.node)
-    assert compare_models(model, slimmed)[0]["rel_diff"] == 0.0
 
 
 def test_op_histogram_counts_subgraphs():
