@@ -43,6 +43,8 @@ RULES: list[Rule] = [
     Rule("model_type", lambda v, _c: v in ("ONNX", "QuantONNX"),
          "QuantAxModel input (pulsar's own quantized artifact) is not available yet; use ONNX or QuantONNX"),
     _at_default("onnx_opt.save_tensors_data"),
+    Rule("onnx_opt.simplifier", lambda v, o: v in (None, "onnxsim") or bool(o.get("enable_onnxsim")),
+         "only used with onnx_opt.enable_onnxsim"),
     Rule("quant.precision_analysis_mode", lambda v, q: v == "Reference" or q.get("precision_analysis_method") ==
          "EndToEnd", "NPUBackend runs the whole integer network: use it with precision_analysis_method EndToEnd"),
     Rule("quant.ln_scale_data_type", lambda v, _c: v in ("FP32", "S32"),
