@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = make_example_assets(args.out, n_calib=args.n_calib)
     paths["run_samples"], paths["run_list"] = write_run_samples(args.out, args.n_samples)
     for key, path in paths.items():
-        count = f" ({sum(1 for _ in path.iterdir())} files)" if path.is_dir() else ""
+        count = f" ({sum(1 for p in path.rglob('*') if p.is_file())} files)" if path.is_dir() else ""
         print(f"{key:20s} {path}{count}")
     print(f"done in {time.perf_counter() - start:.1f} s")
     return 0
