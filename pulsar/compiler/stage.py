@@ -102,7 +102,11 @@ def _show_placement(ctx: BuildContext, lowered: LoweredModel, qmodel: onnx.Model
                          for f in lowered.fallbacks]
     counts = reconcile(lowered, qmodel, deployed, placement)
     log.info("compiled: %s", counts.headline())
-    rows = fallback_report(lowered)
+    # the quantization's own CPU ops were shown with their reasons in "Ops on the CPU"; this table holds
+    # what the compiler decided itself (every CPU op is in the metadata's cpu_fallbacks)
+    placed_cpu = {n for n, (device, _) in (placement or {}).items() if device == "CPU"}
+    rows = fallback_report(dataclasses.replace(lowered, fallbacks=[f for f in lowered.fallbacks
+                                                                   if f.node not in placed_cpu]))
     if rows:
         show(table("Ops kept on the CPU by the compiler", ["op", "nodes", "why"], rows), quiet=ctx.quiet)
     if counts.moves or any(counts.processor_ops.values()):

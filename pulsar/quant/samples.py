@@ -138,7 +138,8 @@ class SampleDir:
             try:
                 value = read_inputs(folder, [info])[info.name]
             except PulsarError as exc:
-                raise PulsarError(f"{self.field}: {exc}{self._hint(folder, info)}") from None
+                text = str(exc) if f'"{info.name}"' in str(exc) else f'input "{info.name}": {exc}'
+                raise PulsarError(f"{self.field}: {text}{self._hint(folder, info)}") from None
             except OSError as exc:
                 raise PulsarError(f'{self.field}: {folder}: cannot read the file of input "{info.name}" '
                                   f"({exc.strerror or exc})") from None
