@@ -12,9 +12,13 @@ from typing import Any
 from pulsar.config import load_build_config
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
+from pulsar.preflight import preflight
 from pulsar.runtime.runner import run_model
-from pulsar.ui import Stages, log_file, setup_logging, show, table
+from pulsar.ui import Stages, build_log, setup_logging, show, table
 from pulsar.utils.atomic import atomic_write_text
+from pulsar.utils.outdir import BuildOutput, check_dir_path
+from pulsar.utils.scratch import use_scratch
+from pulsar.utils.signals import terminate_as_interrupt
 
 log = logging.getLogger(__name__)
 
@@ -36,63 +40,74 @@ def build(input: str | Path | None = None, output_dir: str | Path | None = None,
           config: str | Path | dict[str, Any] | None = None, overrides: dict[str, Any] | None = None, *,
           quiet: bool = False, debug: bool = False) -> BuildResult:
     """Build a compiled model. ``overrides`` use dotted keys like the CLI: ``{"quant.calibration_method": "KL"}``;
-    ``input`` / ``output_dir`` are shorthands for the ``input`` / ``output_dir`` overrides."""
+    ``input`` / ``output_dir`` are shorthands for the ``input`` / ``output_dir`` overrides.
+
+    Nothing is written until every check that needs no artifact has passed (:mod:`pulsar.preflight`);
+    then the build runs in a locked staging folder inside ``output_dir`` and its artifacts replace
+    the previous ones only when it succeeds (:mod:`pulsar.utils.outdir`). SIGTERM stops it like Ctrl-C."""
     setup_logging(quiet=quiet, debug=debug)
     overrides = dict(overrides or {})
     if input is not None:
         overrides["input"] = str(input)
     if output_dir is not None:
         overrides["output_dir"] = str(output_dir)
-    eff = load_build_config(config, overrides)
-    cfg = eff.cfg
-    out = Path(cfg.output_dir)
-    if out.exists() and not out.is_dir():
-        raise PulsarError(f"output_dir: '{out}' exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    ctx = BuildContext(cfg=cfg, data=eff.data, config_hash=eff.hash, output_dir=out,
-                       work_dir=Path(cfg.work_dir) if cfg.work_dir else out, stages=Stages(quiet), quiet=quiet)
     t0 = time.perf_counter()
-    with log_file(out / "build.log"):
+    with build_log() as blog, terminate_as_interrupt():
+        eff = load_build_config(config, overrides)
+        cfg = eff.cfg
+        out = Path(cfg.output_dir)
+        check_dir_path(out, "output_dir")
+        if cfg.work_dir:
+            check_dir_path(Path(cfg.work_dir), "work_dir")
+        ctx = BuildContext(cfg=cfg, data=eff.data, config_hash=eff.hash, output_dir=out,
+                           work_dir=Path(cfg.work_dir) if cfg.work_dir else out, stages=Stages(quiet), quiet=quiet)
+        log.info("pulsar build: %s -> %s for %s %s (config hash %s)", cfg.input, out, cfg.target_hardware,
+                 cfg.npu_mode, ctx.config_hash)
+        if cfg.model_type == "QuantONNX":
+            from pulsar.quant.import_qdq import strip_qdq
+
+            ctx.import_quant = strip_qdq
         try:
-            return _run_stages(ctx, eff.data, t0)
+            original, calibration = preflight(ctx)
+            try:
+                with BuildOutput(out) as target:
+                    ctx.output_dir, ctx.final_output_dir = target.staging, out
+                    blog.open(target.staging / "build.log")
+                    with use_scratch(target.staging):
+                        result = _run_stages(ctx, original, calibration, t0)
+                    target.commit()
+            finally:
+                calibration.close()
         except PulsarError as e:
-            log.debug("build failed: %s", e)  # the CLI prints it; build.log keeps it too
+            log.debug("build failed: %s", e)  # the CLI prints it; build_failed.log keeps it too
             raise
+    return result
 
 
-def _run_stages(ctx: BuildContext, data: dict[str, Any], t0: float) -> BuildResult:
+def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -> BuildResult:
     from pulsar.compiler.stage import run_compiler
-    from pulsar.frontend.stage import load_and_check, run_frontend
-    from pulsar.quant.stage import open_calibration, run_quant
+    from pulsar.frontend.stage import run_frontend
+    from pulsar.quant.stage import run_quant
 
+    data = ctx.data
     cfg_path = atomic_write_text(ctx.path("build_config.json"), json.dumps(data, indent=2) + "\n")
     ctx.artifacts["effective config"] = cfg_path
-    log.info("pulsar build: %s -> %s for %s %s (config hash %s)", ctx.cfg.input, ctx.output_dir,
-             ctx.cfg.target_hardware, ctx.cfg.npu_mode, ctx.config_hash)
     st = ctx.stages
-    if ctx.cfg.model_type == "QuantONNX":
-        from pulsar.quant.import_qdq import strip_qdq
-
-        ctx.import_quant = strip_qdq
-    with st.stage("load model"):
-        original = load_and_check(ctx)
-    with st.stage("calibration data"):
-        ctx.calibration = open_calibration(ctx, original)
-    try:
-        with st.stage("frontend (graph optimization)"):
-            ctx.model = run_frontend(ctx, original)
-        with st.stage("quantization"):
-            qmodel = run_quant(ctx)
-    finally:
-        ctx.calibration.close()
+    ctx.calibration = calibration
+    with st.stage("frontend (graph optimization)"):
+        ctx.model = run_frontend(ctx, original)
+    with st.stage("quantization"):
+        qmodel = run_quant(ctx)
     with st.stage("compile"):
         compiled = run_compiler(ctx, qmodel)
     ctx.artifacts["build log"] = ctx.path("build.log")
-    show(table("Artifacts", ["artifact", "path"], [(k, str(v)) for k, v in ctx.artifacts.items()]), quiet=ctx.quiet)
+    show(table("Artifacts", ["artifact", "path"], [(k, str(ctx.shown(v))) for k, v in ctx.artifacts.items()]),
+         quiet=ctx.quiet)
     rows = [(k, f"{v:.2f}") for k, v in st.times.items()] + [("total", f"{time.perf_counter() - t0:.2f}")]
     show(table("Stage times (s)", ["stage", "seconds"], rows), quiet=ctx.quiet)
-    return BuildResult(output_dir=ctx.output_dir, compiled_model=compiled,
-                       quantized_model=ctx.path("quant", "quantized.onnx"),
-                       quant_config=ctx.path("quant", "quant_config.json"),
-                       optimized_model=ctx.path("frontend", "optimized.onnx"), config=data,
+    final = ctx.final_output_dir or ctx.output_dir
+    return BuildResult(output_dir=final, compiled_model=ctx.shown(compiled),
+                       quantized_model=final / "quant" / "quantized.onnx",
+                       quant_config=final / "quant" / "quant_config.json",
+                       optimized_model=final / "frontend" / "optimized.onnx", config=data,
                        stage_seconds=dict(st.times))

@@ -68,14 +68,21 @@ def guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+_BUILD_USAGE = "pulsar build --input MODEL.onnx --output_dir DIR [--config CFG] [--section.field VALUE ...]"
+
+
 def _build_help() -> None:
+    """Every flag, on stdout (so ``pulsar build --help | grep calib`` works), tables at full width."""
     from rich.table import Table
+    from rich.text import Text
 
     from pulsar.config.overrides import describe_leaf
     from pulsar.config.schema import default_config, leaves, section_of
-    from pulsar.ui import console
+    from pulsar.config.support import unavailable_fields
+    from pulsar.ui import out_console, print_renderable
 
     defaults = default_config()
+    not_yet = unavailable_fields()
 
     def default_of(leaf: Any) -> Any:
         node: Any = defaults
@@ -83,27 +90,47 @@ def _build_help() -> None:
             node = node.get(p) if isinstance(node, dict) else None
         return node
 
-    console.print("Usage: pulsar build --input MODEL.onnx --output_dir DIR [--config CFG] [--section.field VALUE ...]\n")
-    console.print("Build a compiled NPU model. Precedence: command line > config file (json/yaml/toml) > defaults.")
-    console.print("Bool flags: bare flag = true, or give true|false|1|0. Lists: several words or a,b,c.\n")
-    t = Table(title="general", title_justify="left", show_lines=False)
-    for c in ("option", "type", "default", "description"):
-        t.add_column(c)
-    t.add_row("--config", "path", "''", "config file (.json with # comments, .yaml/.yml, .toml)")
-    t.add_row("--debug", "bool", "false", "show tracebacks and debug logs")
-    t.add_row("--quiet", "bool", "false", "only warnings and errors on the console (build.log still has everything)")
-    console.print(t)
+    out_console.print(f"Usage: {_BUILD_USAGE}\n", markup=False, highlight=False)
+    out_console.print("Build a compiled NPU model. Precedence: command line > config file (json/yaml/toml) > "
+                      "defaults.", markup=False, highlight=False)
+    out_console.print("Bool flags: bare flag = true, or give true|false|1|0. Lists: several words or a,b,c. "
+                      "[not available yet]: the feature is not built in this version; setting the option is an "
+                      "error.\n", markup=False, highlight=False)
+
+    def new_table(title: str) -> Table:
+        t = Table(title=title, title_justify="left")
+        for c in ("option", "type", "default", "description"):
+            t.add_column(c, overflow="fold")
+        return t
+
+    general = new_table("general")
+    for row in (("--config", "path", "''", "config file (.json with # comments, .yaml/.yml, .toml)"),
+                ("--debug", "bool", "false", "show tracebacks and debug logs"),
+                ("--quiet", "bool", "false", "only warnings and errors on the console (build.log has everything)"),
+                ("--help, -h", "bool", "", "this help")):
+        general.add_row(*row)
+    print_renderable(general, target=out_console)
     sections: dict[str, Table] = {}
     for leaf in leaves():
         sec = section_of(leaf)
         if sec not in sections:
-            sections[sec] = Table(title=sec, title_justify="left")
-            for c in ("option", "type", "default", "description"):
-                sections[sec].add_column(c, overflow="fold")
+            sections[sec] = new_table(sec)
         type_name, default, desc = describe_leaf(leaf, default_of)
-        sections[sec].add_row(leaf.flag, type_name, default, desc)
+        dotted = ".".join(leaf.path)
+        text = Text(desc)
+        if dotted in not_yet:
+            text = Text("[not available yet] ", style="yellow") + text
+        sections[sec].add_row(Text(leaf.flag), Text(type_name), Text(default), text)
     for t in sections.values():
-        console.print(t)
+        print_renderable(t, target=out_console)
+
+
+def _build_usage_error() -> None:
+    from pulsar.ui import console
+
+    console.print(f"Usage: {_BUILD_USAGE}", markup=False, highlight=False, soft_wrap=True)
+    console.print("Try 'pulsar build --help' for every option.", markup=False, highlight=False)
+    _fail("pulsar build needs --input and --output_dir (or a --config that sets them)")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
@@ -116,9 +143,11 @@ def build(ctx: typer.Context) -> None:
 def _build(words: list[str]) -> None:
     from pulsar.config.overrides import parse_overrides
 
-    if not words or "--help" in words or "-h" in words:
+    if "--help" in words or "-h" in words:
         _build_help()
         return
+    if not words:
+        _build_usage_error()
     overrides, others = parse_overrides(words, extra_flags=_BUILD_FLAGS)
     from pulsar.api import build as api_build
 
@@ -215,7 +244,32 @@ def version() -> None:
 
 
 def main() -> None:
-    app()
+    """Run the CLI; a usage error (unknown option, missing value) is one ``error:`` line, exit 2."""
+    try:  # typer >= 0.22 vendors click
+        from typer._click import exceptions as click
+    except ImportError:  # pragma: no cover (older typer: the click package)
+        import click.exceptions as click  # type: ignore[no-redef]
+
+    try:
+        code = app(standalone_mode=False, prog_name="pulsar")
+    except click.UsageError as e:
+        from pulsar.ui import console
+
+        message = e.format_message() or "give a command: build, run, info, config or version (see --help)"
+        if e.ctx is not None and e.format_message():
+            console.print(e.ctx.get_usage(), markup=False, highlight=False, soft_wrap=True)
+        try:
+            _fail(message)
+        except typer.Exit:
+            sys.exit(2)
+    except typer.Abort:
+        try:
+            _fail("interrupted (Ctrl-C)")
+        except typer.Exit:
+            sys.exit(2)
+    except typer.Exit as e:  # typer.Exit from commands (a usage error's exit 2 included)
+        sys.exit(getattr(e, "exit_code", 0))
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -32,5 +32,17 @@ class BuildContext:
     # does not import from the quant stage
     import_quant: Callable[[onnx.ModelProto], tuple[onnx.ModelProto, dict[str, Any]]] | None = None
 
+    # where the artifacts go when the build succeeds (output_dir is then the staging folder)
+    final_output_dir: Path | None = None
+
     def path(self, *parts: str) -> Path:
         return self.output_dir.joinpath(*parts)
+
+    def shown(self, path: Path) -> Path:
+        """``path`` as the user will find it: inside the output dir, not the staging folder."""
+        if self.final_output_dir is None:
+            return path
+        try:
+            return self.final_output_dir / Path(path).relative_to(self.output_dir)
+        except ValueError:
+            return Path(path)

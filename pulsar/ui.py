@@ -11,12 +11,13 @@ Two rules hold for everything printed here:
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,13 @@ def print_renderable(renderable: RenderableType, *, target: Console | None = Non
     if c.is_terminal:
         c.print(renderable)
         return
-    width = Measurement.get(c, c.options.update(width=100_000), renderable).maximum
-    c.print(renderable, width=max(width, 20))
+    width = max(Measurement.get(c, c.options.update(width=100_000), renderable).maximum, 20)
+    old = c._width  # rich caps print(width=...) at the console width: widen the console for this print
+    try:
+        c.width = max(width, c.width)
+        c.print(renderable)
+    finally:
+        c._width = old
 
 
 class _LiteralFilter(logging.Filter):
@@ -95,11 +101,46 @@ class _PlainConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
-class _PlainFileHandler(logging.FileHandler):
-    def __init__(self, path: Path):
-        super().__init__(path, mode="w", encoding="utf-8")
+class BuildLog(logging.Handler):
+    """The build log: every record and printed table as plain text. It holds what arrives before
+    its file can be opened (the build validates everything before it writes anything), then writes
+    that and streams the rest."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
         self.addFilter(_LiteralFilter())
+        self._pending: list[str] = []
+        self._file: Any = None
+
+    def open(self, path: Path) -> None:
+        self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._file.write("".join(self._pending))
+        self._file.flush()
+        self._pending = []
+
+    def write_text(self, text: str) -> None:
+        if self._file is None:
+            self._pending.append(text)
+            return
+        try:
+            self._file.write(text)
+            self._file.flush()
+        except (OSError, ValueError):  # a full disk must not hide the build's own error
+            pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.write_text(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 (logging must never raise)
+            self.handleError(record)
+
+    def close(self) -> None:
+        if self._file is not None:
+            with suppress(OSError):
+                self._file.close()
+            self._file = None
+        super().close()
 
 
 def setup_logging(*, quiet: bool = False, debug: bool = False) -> None:
@@ -120,14 +161,12 @@ def setup_logging(*, quiet: bool = False, debug: bool = False) -> None:
 
 
 @contextmanager
-def log_file(path: Path) -> Iterator[None]:
-    """Mirror every log record and printed table into ``path`` for the duration of a build."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = _PlainFileHandler(path)
-    handler.setLevel(logging.DEBUG)
+def build_log() -> Iterator[BuildLog]:
+    """Collect every log record and printed table of a build; ``.open(path)`` starts the file."""
+    handler = BuildLog()
     log.addHandler(handler)
     try:
-        yield
+        yield handler
     finally:
         log.removeHandler(handler)
         handler.close()
@@ -135,15 +174,15 @@ def log_file(path: Path) -> Iterator[None]:
 
 def _to_log_file(renderable: Any) -> None:
     """Render a rich object as plain text into the build log (not to the terminal)."""
-    plain = Console(width=160, no_color=True, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    if not any(isinstance(h, BuildLog) for h in log.handlers):
+        return
+    plain = Console(width=160, no_color=True, record=True, file=io.StringIO())
     width = Measurement.get(plain, plain.options.update(width=100_000), renderable).maximum
     plain.print(renderable, width=max(width, 20))
     text = plain.export_text()
-    plain.file.close()
     for h in log.handlers:
-        if isinstance(h, _PlainFileHandler):
-            h.stream.write(text)
-            h.flush()
+        if isinstance(h, BuildLog):
+            h.write_text(text)
 
 
 def show(renderable: Any, *, quiet: bool = False) -> None:

@@ -135,29 +135,52 @@ def _parse_toml(text: str, path: Path) -> Any:
         raise PulsarError(f"{path}: invalid TOML: {what}") from None
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Parse a config file into a dict (not yet validated)."""
+def read_mapping_file(path: str | Path, what: str = "config file") -> Any:
+    """Parse a JSON / YAML / TOML file (a config, a target profile) with the same limits as a config:
+    size, depth, expansion, duplicate keys, huge or non-finite numbers. Syntax errors read
+    ``<what> <path>: not valid YAML ...``."""
+    from pulsar.config.sanity import check_raw
+
+    try:
+        data = parse_file(path, what)
+    except PulsarError as e:
+        raise PulsarError(f"{what} {str(e).replace(': invalid ', ': not valid ', 1)}; fix the syntax") from None
+    problems = check_raw(data)
+    if problems:
+        raise PulsarError(f"{what} {path}: {problems[0]}" + (f" (and {len(problems) - 1} more)"
+                                                           if len(problems) > 1 else ""))
+    return data
+
+
+def parse_file(path: str | Path, what: str = "config file") -> Any:
+    """Parse a JSON / YAML / TOML file by its extension (size-capped, UTF-8)."""
     p = Path(path)
     parser = PARSERS.get(p.suffix.lower())
     if parser is None:
         raise PulsarError(
-            f"{p}: unsupported config file extension '{p.suffix}'; use one of {', '.join(sorted(PARSERS))}"
+            f"{p}: unsupported {what} extension '{p.suffix}'; use one of {', '.join(sorted(PARSERS))}"
         )
     if not p.exists():
-        raise PulsarError(f"config file {p} does not exist")
+        raise PulsarError(f"{what} {p} does not exist")
     if not p.is_file():
-        raise PulsarError(f"config file {p} is not a regular file")
+        raise PulsarError(f"{what} {p} is not a regular file")
     try:
         size = p.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise PulsarError(f"{p}: {size:,} bytes; a config file is at most {MAX_FILE_BYTES:,} bytes (put tensor "
+            raise PulsarError(f"{p}: {size:,} bytes; a {what} is at most {MAX_FILE_BYTES:,} bytes (put tensor "
                               "data in a file and point const_processors[].data_path at it)")
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise PulsarError(f"{p}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
     except OSError as e:
-        raise PulsarError(f"config file {p} cannot be read: {e.strerror}") from None
-    data = parser(text, p)
+        raise PulsarError(f"{what} {p} cannot be read: {e.strerror}") from None
+    return parser(text, p)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Parse a config file into a dict (not yet validated)."""
+    p = Path(path)
+    data = parse_file(p)
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -26,6 +26,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.quant.observers import DEFAULT_NUM_BINS, TensorStats, compute_range, get_method
 from pulsar.utils.atomic import atomic_path
+from pulsar.utils.scratch import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ def _session(model: onnx.ModelProto, fetch: list[str]):
         if exposed.ByteSize() < _PROTO_LIMIT:
             source: bytes | str = exposed.SerializeToString()
         else:  # too large for one protobuf message: go through a file with external weights
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulsar_calib_")))
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulsar_calib_", dir=scratch_dir())))
             onnx.save_model(exposed, tmp / "model.onnx", save_as_external_data=True, location="weights.bin")
             source = str(tmp / "model.onnx")
         del exposed

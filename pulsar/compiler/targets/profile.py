@@ -8,14 +8,11 @@ problem is a PulsarError naming the file and the field.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from pulsar.errors import PulsarError, did_you_mean
 
@@ -85,15 +82,13 @@ def builtin_profiles() -> dict[str, Path]:
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PulsarError(f"target profile {path}: cannot read it ({exc.strerror}); fix the path") from None
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise PulsarError(f"target profile {path}: not valid {path.suffix[1:].upper()} ({first}); fix the syntax") from None
+    """The profile file as a mapping, read with a config file's limits (size, depth, duplicate keys,
+    huge or non-finite numbers)."""
+    from pulsar.config.loader import read_mapping_file
+
+    if path.suffix.lower() not in _SUFFIXES:
+        raise PulsarError(f"target profile {path}: use a .yaml, .yml or .json file")
+    data = read_mapping_file(path, "target profile")
     if not isinstance(data, dict):
         raise PulsarError(f"target profile {path}: expected a mapping of field: value, got {type(data).__name__}; "
                           "see docs/targets.md for the format")
