@@ -1,12 +1,17 @@
 """Frontend on real models: time, graph size before / after, parameters, MACs and output fidelity.
 
-    python -m bench.bench_frontend [--models det,rec,cls,mbv2,encoder] [--n 4] [--ops] [--json FILE]
+    python -m bench.bench_frontend [--models det,rec,cls,mbv2,encoder] [--simplifiers none,onnxsim,onnxslim]
+                                   [--n 4] [--repeat 3] [--ops] [--json FILE]
 
-Each model is loaded with pulsar's loader (opset 17), its input pinned to a fixed shape and
-optimized with the transformation check on (every pass that changes the graph is re-run in
-onnxruntime against the graph before it, on the first two inputs). "frontend s" is load + shape
-fixing + passes + checks. The deviation is max|optimized - original| / max|original| over all
-outputs and ``--n`` real inputs:
+Each model is loaded with pulsar's loader (opset 17), its input pinned to a fixed shape, optionally
+simplified (``onnx_opt.enable_onnxsim`` with ``onnx_opt.simplifier`` onnxsim or onnxslim; "none" is
+pulsar's passes alone) and optimized with the transformation check on (the simplifier's result and
+every pass that changes the graph are re-run in onnxruntime against the graph before them, on the
+first two inputs), as ``pulsar build`` does. "simplify s" is the simplifier alone (median of
+``--repeat`` runs after a warm-up); "frontend s" is load + shape fixing + simplifier + passes +
+checks. Nodes read original -> after the simplifier -> after pulsar's passes. The deviations are
+max|model - original| / max|original| over all outputs and ``--n`` real inputs, for the simplifier's
+output ("dev simplified") and the final graph ("max dev"):
 
 - det: PP-OCRv4 detector, 640x640 photo crops with rendered text lines pasted on (BGR, mean /
   std 0.5), so the probability map has text to find;
@@ -20,9 +25,11 @@ outputs and ``--n`` real inputs:
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.resources
 import json
 import math
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,9 +44,11 @@ from examples import assets
 from pulsar.frontend.loader import apply_input_shapes, load_model
 from pulsar.frontend.pass_manager import compare_models, optimize
 from pulsar.frontend.report import frontend_report_rows, human_count, summarize
+from pulsar.frontend.simplify import SIMPLIFIERS, simplify
 
 SEED = 7
 N_CHECK = 2  # inputs the transformation check runs per changed pass
+NONE = "none"  # no simplifier: pulsar's passes alone
 
 
 @dataclass
@@ -170,20 +179,34 @@ register(Spec("encoder", "transformer encoder", _encoder_model, [1, 16, 64], _ra
 @dataclass
 class Result:
     model: str
+    simplifier: str = NONE
     seconds: float = 0.0
     check_seconds: float = 0.0
+    simplify_seconds: float = float("nan")
     nodes_before: int = 0
+    nodes_simplified: int = 0
     nodes_after: int = 0
     params: int = 0
     macs: int = 0
     passes: list[str] = field(default_factory=list)
+    simplified_dev: float = float("nan")
     max_dev: float = float("nan")
     note: str = ""
     ops: list[tuple[str, str, str]] = field(default_factory=list)
 
 
-def bench_model(spec: Spec, work: Path, n: int) -> Result:
-    result = Result(spec.title)
+def _median_seconds(fn: Callable[[], object], repeat: int) -> float:
+    fn()  # warm-up: imports and first-call set-up are not what a build pays per model
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def bench_model(spec: Spec, work: Path, n: int, simplifier: str = NONE, repeat: int = 3) -> Result:
+    result = Result(spec.title, simplifier)
     try:
         path = spec.model(work)
     except FileNotFoundError as exc:
@@ -195,14 +218,24 @@ def bench_model(spec: Spec, work: Path, n: int) -> Result:
     name = original.graph.input[0].name
     original = apply_input_shapes(original, {name: spec.shape})
     samples = [{name: x} for x in data]
-    optimized, records = optimize(original, check=True, samples=samples[:N_CHECK])
+    model = original
+    if simplifier != NONE:
+        simplified = simplify(original, simplifier, model_name=path.name, samples=samples[:N_CHECK])
+        if simplified.fallback:
+            result.note = f"fell back: {simplified.fallback}"
+        model = simplified.model
+    optimized, records = optimize(model, check=True, samples=samples[:N_CHECK])
     result.seconds = time.perf_counter() - start
     result.check_seconds = sum(r.check_seconds for r in records)
     before, after = summarize(original), summarize(optimized)
     result.nodes_before, result.nodes_after = before.nodes, after.nodes
+    result.nodes_simplified = len(model.graph.node)
     result.params, result.macs = after.params, after.macs
     result.passes = [r.name for r in records if r.changed_iterations]
     result.max_dev = max(row["rel_diff"] for row in compare_models(original, optimized, samples))
+    if simplifier != NONE:
+        result.simplified_dev = max(row["rel_diff"] for row in compare_models(original, model, samples))
+        result.simplify_seconds = _median_seconds(lambda: simplify(original, simplifier, check=False), repeat)
     result.ops = frontend_report_rows(before, after)
     return result
 
@@ -210,29 +243,38 @@ def bench_model(spec: Spec, work: Path, n: int) -> Result:
 def format_table(results: list[Result], n: int) -> str:
     head = [
         "model",
+        "simplifier",
+        "simplify s",
         "frontend s",
         "(check s)",
         "nodes",
         "params",
         "MACs",
-        f"max dev ({n} inputs)",
+        f"dev simplified ({n} inputs)",
+        "max dev",
         "passes fired",
     ]
-    body = [
-        [r.model, "-", "-", "-", "-", "-", "-", r.note]
-        if r.note
-        else [
+    body = []
+    for r in results:
+        if r.note.startswith("not available"):
+            body.append([r.model, r.simplifier, *["-"] * 8, r.note])
+            continue
+        simplified = r.simplifier != NONE
+        nodes = f"{r.nodes_before} -> {r.nodes_simplified} -> {r.nodes_after}" if simplified \
+            else f"{r.nodes_before} -> {r.nodes_after}"
+        body.append([
             r.model,
+            r.simplifier,
+            f"{r.simplify_seconds:.2f}" if simplified else "-",
             f"{r.seconds:.2f}",
             f"{r.check_seconds:.2f}",
-            f"{r.nodes_before} -> {r.nodes_after}",
+            nodes,
             human_count(r.params),
             human_count(r.macs),
+            f"{r.simplified_dev:.2g}" if simplified else "-",
             f"{r.max_dev:.2g}",
-            ", ".join(r.passes),
-        ]
-        for r in results
-    ]
+            ", ".join(r.passes) + (f" [{r.note}]" if r.note else ""),
+        ])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
     lines = []
     for i, cells in enumerate([head, *body]):
@@ -244,9 +286,19 @@ def format_table(results: list[Result], n: int) -> str:
 
 def format_ops(result: Result) -> str:
     width = max(len(label) for label, _, _ in result.ops)
-    lines = [f"{result.model}: op counts before -> after"]
+    lines = [f"{result.model} ({result.simplifier}): op counts before -> after"]
     lines += [f"  {label.ljust(width)}  {b:>8} -> {a}" for label, b, a in result.ops]
     return "\n".join(lines)
+
+
+def import_seconds(module: str, repeat: int) -> float:
+    """Median time to import ``module`` in a fresh interpreter that already has numpy / onnx /
+    onnxruntime (as a pulsar build has): paid once per process, on top of "simplify s"."""
+    code = f"import time, numpy, onnx, onnxruntime; t = time.perf_counter(); import {module}; " \
+        "print(time.perf_counter() - t)"
+    runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+            for _ in range(repeat)]
+    return sorted(runs)[len(runs) // 2]
 
 
 def _csv(value: str) -> list[str]:
@@ -256,7 +308,14 @@ def _csv(value: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="pulsar frontend on real models")
     parser.add_argument("--models", type=_csv, default=list(SPECS), help=f"comma list of {', '.join(SPECS)}")
+    parser.add_argument(
+        "--simplifiers",
+        type=_csv,
+        default=[NONE, *SIMPLIFIERS],
+        help=f"comma list of {', '.join([NONE, *SIMPLIFIERS])} (onnx_opt.simplifier; none = passes alone)",
+    )
     parser.add_argument("--n", type=int, default=4, help="real inputs per model for the deviation figure")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per simplifier (median)")
     parser.add_argument("--ops", action="store_true", help="also print each model's op counts before / after")
     parser.add_argument(
         "--work-dir", type=Path, help="keep exported models here (default: a temporary folder)"
@@ -266,23 +325,35 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in args.models if m not in SPECS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {list(SPECS)}")
-    if args.n < 1:
-        parser.error("--n must be at least 1")
+    bad = [t for t in args.simplifiers if t != NONE and t not in SIMPLIFIERS]
+    if bad:
+        parser.error(f"unknown simplifier(s) {bad}; choose from {[NONE, *SIMPLIFIERS]}")
+    if args.n < 1 or args.repeat < 1:
+        parser.error("--n and --repeat must be at least 1")
 
+    for tool in args.simplifiers:  # imports are measured on their own (below), not as frontend time
+        if tool != NONE:
+            importlib.import_module(tool)
     results = []
     with tempfile.TemporaryDirectory(prefix="pulsar-bench-") as tmp:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for name in args.models:
-            print(f"== {SPECS[name].title}", file=sys.stderr, flush=True)
-            results.append(bench_model(SPECS[name], work, args.n))
+            for tool in args.simplifiers:
+                print(f"== {SPECS[name].title} ({tool})", file=sys.stderr, flush=True)
+                results.append(bench_model(SPECS[name], work, args.n, tool, args.repeat))
     print(format_table(results, args.n), flush=True)
+    imports = {t: import_seconds(t, args.repeat) for t in args.simplifiers if t != NONE}
+    if imports:
+        print("\nimport s (fresh interpreter, once per process, not in the table): "
+              + ", ".join(f"{t} {sec:.2f}" for t, sec in imports.items()))
     if args.ops:
         for r in results:
             if r.ops:
                 print("\n" + format_ops(r))
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+        args.json.write_text(json.dumps({"results": [asdict(r) for r in results], "import_seconds": imports},
+                                        indent=2))
     return 0
 
 
