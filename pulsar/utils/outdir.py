@@ -55,6 +55,9 @@ def check_dir_path(path: Path, flag: str) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise PulsarError(f"{flag}: cannot create '{path}': '{probe}' is a file, not a directory")
+    if os.statvfs(probe).f_flag & os.ST_RDONLY:
+        raise PulsarError(f"{flag}: cannot create or write '{path}': '{probe}' is on a read-only file system; "
+                          "choose another directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise PulsarError(f"{flag}: cannot create or write '{path}': no permission in '{probe}'")
 

@@ -129,17 +129,26 @@ class DirSource(Source):
             dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _IGNORED_DIRS)
             for fname in sorted(files):
                 full = Path(root) / fname
+                rel = full.relative_to(self.path).as_posix()
+                if is_ignored(rel):
+                    continue
                 try:
                     st = full.stat()
-                except OSError:  # a dangling link: not a usable file
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    rel = full.relative_to(self.path).as_posix()
-                    yield Member(rel, st.st_size, st.st_mtime_ns)
+                except OSError as exc:  # a dangling link, a loop: a sample the user meant but we cannot read
+                    raise PulsarError(f"{full}: cannot read this calibration file ({exc.strerror}); fix or remove "
+                                      f"it ({self.field}.calibration_dataset)") from None
+                if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+                    raise PulsarError(f"{full}: not a regular file; calibration data must be plain files "
+                                      f"({self.field}.calibration_dataset)")
+                yield Member(rel, st.st_size, st.st_mtime_ns)
 
     def _read(self, member: Member) -> bytes:
-        with open(self.path / member.name, "rb") as f:
-            return f.read(MAX_MEMBER_BYTES + 1)
+        try:
+            with open(self.path / member.name, "rb") as f:
+                return f.read(MAX_MEMBER_BYTES + 1)
+        except OSError as exc:
+            raise PulsarError(f"{self.path / member.name}: cannot read this calibration file ({exc.strerror}); "
+                              f"fix or remove it ({self.field}.calibration_dataset)") from None
 
 
 @register_source(".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
