@@ -22,6 +22,7 @@ class Rule:
     path: str  # dotted, with [*] for every list item
     allowed: Callable[[Any, dict[str, Any]], bool]
     why: str
+    unavailable: bool = False  # the field's feature is not built yet (marked in --help)
 
 
 def _default(value: Any, _cfg: dict[str, Any], *, default: Any) -> bool:
@@ -34,7 +35,7 @@ def _at_default(path: str, why: str = _NOT_YET) -> Rule:
         node = resolve(node)
         node = node.get("properties", {}).get(part) or resolve(node.get("items", {})).get("properties", {})[part]
     default = resolve(node).get("default")
-    return Rule(path, lambda v, _c, d=default: v is None or v == d, why)
+    return Rule(path, lambda v, _c, d=default: v is None or v == d, why, unavailable=True)
 
 
 _FINETUNE = "only used by AdaRound / BRECQ / LSQ fine-tuning, which is not available yet"
@@ -99,6 +100,11 @@ def _values(data: Any, parts: list[str], prefix: str, parent: dict[str, Any]) ->
             yield from _values(item, rest, f"{path}[{i}]", item)
     else:
         yield from _values(value, rest, path, data)
+
+
+def unavailable_fields() -> dict[str, str]:
+    """Dotted field -> why, for the fields whose feature this version does not have yet."""
+    return {r.path: r.why for r in RULES if r.unavailable and "[*]" not in r.path}
 
 
 def check_supported(config: dict[str, Any]) -> list[str]:
