@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import onnx
@@ -63,7 +64,7 @@ def string_attr(path: Path, node: onnx.NodeProto, attr: onnx.AttributeProto | No
         raise _fail(path, f"subgraph {node.name!r} attribute {attr.name!r} is not UTF-8 text") from None
 
 
-def parse_options(path: Path, subgraph: str, text: str | None) -> dict:
+def parse_options(path: Path, subgraph: str, text: str | None) -> dict[str, object]:
     """A subgraph's ``options``: a JSON mapping of known compiler options with values of their types."""
     if text is None:
         return {}
@@ -74,7 +75,7 @@ def parse_options(path: Path, subgraph: str, text: str | None) -> dict:
     problem = option_problem(options)
     if problem:
         raise _fail(path, f"subgraph {subgraph!r} {problem}")
-    return options
+    return cast("dict[str, object]", options)  # option_problem: a mapping of known option keys
 
 
 def check_metadata(path: Path, meta: dict[str, object], io: dict[str, list[dict[str, object]]]) -> None:
@@ -84,6 +85,7 @@ def check_metadata(path: Path, meta: dict[str, object], io: dict[str, list[dict[
         raise _fail(path, f"metadata {problem}")
     for key, actual in io.items():
         if key in meta and meta[key] != actual:
-            names = [t.get("name") for t in meta[key]]  # type: ignore[union-attr]
+            listed = cast("list[dict[str, object]]", meta[key])  # metadata_problem checked the type
+            names = [t.get("name") for t in listed]
             raise _fail(path, f"metadata pulsar.{key} (tensors {names}) does not describe the model's {key} "
                               f"{[t['name'] for t in actual]} (names, dtypes and shapes must agree)")

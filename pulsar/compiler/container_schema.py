@@ -125,7 +125,7 @@ def check_value(prefix: str, schema: dict[str, Any], value: object) -> str | Non
     err = errors[0]
     where = _where(prefix, err)
     if err.validator == "type":
-        types = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+        types: list[str] = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
         expected = " or ".join(_TYPE_WORDS.get(t, t) for t in types)
         return f"{where}: {_short(err.instance)} is not {expected}"
     if err.validator == "anyOf":
@@ -168,7 +168,10 @@ def metadata_problem(meta: dict[str, object]) -> str | None:
         if problem:
             return problem
     for key in ("inputs", "outputs"):
-        for i, entry in enumerate(meta.get(key) or []):  # type: ignore[union-attr]
+        entries = meta.get(key)
+        if not isinstance(entries, list):  # absent (the schema check above allows nothing else)
+            continue
+        for i, entry in enumerate(entries):
             dtype = entry.get("dtype")
             if dtype is None:
                 continue

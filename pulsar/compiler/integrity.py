@@ -34,7 +34,8 @@ def _trailer(value: str) -> bytes:
     tail = onnx.ModelProto()
     entry = tail.metadata_props.add()
     entry.key, entry.value = CHECKSUM_KEY, value
-    return tail.SerializeToString()
+    data: bytes = tail.SerializeToString()
+    return data
 
 
 def digest(data: bytes | memoryview) -> str:
@@ -50,14 +51,14 @@ def sealed_bytes(model: onnx.ModelProto) -> bytes:
         del copy.metadata_props[:]
         copy.metadata_props.extend(kept)
         model = copy
-    body = model.SerializeToString()
+    body: bytes = model.SerializeToString()
     return body + _trailer(digest(body))
 
 
 def verify(path: Path, raw: bytes, model: onnx.ModelProto) -> str | None:
     """Check ``raw`` (the file ``path``, parsed as ``model``) against its checksum and drop the entry
     from ``model``; returns the checksum, or None for a file written before checksums."""
-    values = [p.value for p in model.metadata_props if p.key == CHECKSUM_KEY]
+    values: list[str] = [p.value for p in model.metadata_props if p.key == CHECKSUM_KEY]
     if not values:
         log.debug("compiled model %s has no checksum (written before pulsar stored one); not verified", path)
         return None

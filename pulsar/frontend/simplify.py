@@ -35,6 +35,7 @@ def _onnxsim(model: onnx.ModelProto) -> onnx.ModelProto:
     kwargs: dict[str, object] = {"check_n": 0}  # pulsar checks the result itself, on real samples
     if "certify" in inspect.signature(onnxsim.simplify).parameters:
         kwargs["certify"] = False  # onnxsim >= 0.8 may try a Z3 proof when z3 is installed: slow
+    simplified: onnx.ModelProto
     simplified, _ok = onnxsim.simplify(model, **kwargs)  # _ok is always True with check_n=0
     # onnxsim >= 0.8 records its settings and every removed node as metadata: provenance of this
     # step only, potentially large, and not something the optimized model should carry on.
@@ -48,7 +49,8 @@ def _onnxsim(model: onnx.ModelProto) -> onnx.ModelProto:
 def _onnxslim(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnxslim
 
-    return onnxslim.slim(model)
+    slimmed: onnx.ModelProto = onnxslim.slim(model)
+    return slimmed
 
 
 SIMPLIFIERS: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]] = {
@@ -116,21 +118,23 @@ def simplify(
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     start = time.perf_counter()
-    reason = None
-    simplified = None
+    reason: str | None = None
+    simplified: onnx.ModelProto | None = None  # set when the tool returned a model
     try:
-        simplified = SIMPLIFIERS[tool](copy)
+        result: object = SIMPLIFIERS[tool](copy)
     except Exception as exc:  # third-party code: any exception is "this tool cannot do this model"
         reason = f"{tool} failed ({type(exc).__name__}: {_first_line(exc)})"
     else:
-        if not isinstance(simplified, onnx.ModelProto):
+        if isinstance(result, onnx.ModelProto):
+            simplified = result
+        else:
             reason = f"{tool} returned no model"
     seconds = time.perf_counter() - start
-    if reason is None and check:
+    if simplified is not None and check:
         samples = list(samples) if samples else random_samples(model)
         why = _mismatch(model, simplified, samples)
         reason = f"{tool}'s result is not equivalent: {why}" if why else None
-    if reason is not None:
+    if simplified is None or reason is not None:
         log.warning(
             "onnx_opt.enable_onnxsim: %s on %s; continuing with the unsimplified graph (pulsar's own "
             "passes still run)%s",

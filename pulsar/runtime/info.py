@@ -8,7 +8,9 @@ tables show user text (tensor names, paths) literally.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import cast
 
 from rich.table import Table
 
@@ -16,7 +18,7 @@ from pulsar.compiler.package import FORMAT_NAME, CompiledModel, load_compiled, t
 from pulsar.ui import table
 
 
-def _shape(dims: list) -> str:
+def _shape(dims: Sequence[object]) -> str:
     return "x".join("?" if d is None else str(d) for d in dims) if dims else "scalar"
 
 
@@ -45,7 +47,8 @@ def _estimate(est: object) -> str:
 def summary_tables(compiled: CompiledModel, path: Path) -> list[Table]:
     """The tables ``pulsar info`` prints: the model, its inputs / outputs, subgraphs, CPU fallbacks."""
     meta = compiled.metadata
-    notes = [n for n in meta.get("processors", []) if isinstance(n, str)]  # type: ignore[union-attr]
+    processors = cast("Iterable[object]", meta.get("processors", []))  # checked when loaded: a list of str
+    notes = [n for n in processors if isinstance(n, str)]
 
     def text(key: str) -> str:
         value = meta.get(key)
@@ -65,7 +68,8 @@ def summary_tables(compiled: CompiledModel, path: Path) -> list[Table]:
     ]
     tables = [table("Compiled model", ["field", "value"], rows)]
     for title, values in (("Inputs", compiled.model.graph.input), ("Outputs", compiled.model.graph.output)):
-        io_rows = [(t["name"], t["dtype"], _shape(t["shape"]), _processor(str(t["name"]), notes))
+        io_rows = [(t["name"], t["dtype"], _shape(cast("list[object]", t["shape"])),
+                    _processor(str(t["name"]), notes))
                    for t in tensor_infos(values)]
         tables.append(table(title, ["name", "dtype", "shape", "processor"], io_rows))
     ranges = any("sub_config" in sg.options for sg in compiled.subgraphs)
@@ -80,15 +84,16 @@ def summary_tables(compiled: CompiledModel, path: Path) -> list[Table]:
         sg_rows.append(row)
     columns = ["name", "runs on", "ops", "op counts"] + (["range"] if ranges else [])
     tables.append(table("Subgraphs (in execution order)", columns, sg_rows))
-    groups: dict[str, list[dict]] = {}
-    for f in meta.get("cpu_fallbacks") or []:  # type: ignore[union-attr]
+    groups: dict[str, list[dict[str, str]]] = {}
+    # checked when loaded: a list of {node, op_type, reason} strings
+    for f in cast("list[dict[str, str]]", meta.get("cpu_fallbacks") or []):
         groups.setdefault(f["reason"], []).append(f)
     if groups:
-        rows = []
+        fallback_rows = []
         for reason, items in groups.items():
             names = ", ".join(f["node"] for f in items[:4]) + (f", ... ({len(items)})" if len(items) > 4 else "")
-            rows.append((reason, ", ".join(dict.fromkeys(f["op_type"] for f in items)), names))
-        tables.append(table("Ops kept on the CPU", ["reason", "ops", "nodes"], rows))
+            fallback_rows.append((reason, ", ".join(dict.fromkeys(f["op_type"] for f in items)), names))
+        tables.append(table("Ops kept on the CPU", ["reason", "ops", "nodes"], fallback_rows))
     return tables
 
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def check_path_text(flag: str, path: str | os.PathLike) -> Path:
+def check_path_text(flag: str, path: str | os.PathLike[str]) -> Path:
     """``path`` as a Path, or an error naming ``flag`` when its text holds a NUL or control character."""
     text = os.fspath(path)
     bad = _CONTROL.search(text)
@@ -136,7 +136,7 @@ def _unique_name(name: str, line: int, used: set[str]) -> str:
     return out
 
 
-def read_sample_list(list_path: str | os.PathLike, input_dir: str | os.PathLike,
+def read_sample_list(list_path: str | os.PathLike[str], input_dir: str | os.PathLike[str],
                      flag: str = "--list") -> list[ListEntry]:
     """The list's sample directories (each checked to exist) with distinct, safe output names."""
     list_path, input_dir = Path(list_path), Path(input_dir)
