@@ -227,7 +227,7 @@ def config_validate(
     debug: Annotated[bool, typer.Option("--debug")] = False,
 ) -> None:
     from pulsar.config import load_build_config
-    from pulsar.ui import console
+    from pulsar.ui import out_console
 
     eff = load_build_config(path, require_io=False)
     if model is not None:
@@ -235,7 +235,12 @@ def config_validate(
         from pulsar.frontend.loader import load_model
 
         check_against_model(eff.cfg, load_model(model), source=str(path))
-    console.print(f"[green]ok[/]: {path} is a valid pulsar build config")
+    from rich.text import Text
+
+    from pulsar.ui import literal
+
+    out_console.print(Text("ok", style="green") + Text(f": {literal(path)} is a valid pulsar build config"),
+                      soft_wrap=True)
 
 
 @app.command(help="Print the pulsar version.")

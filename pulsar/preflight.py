@@ -17,13 +17,13 @@ from typing import Any
 
 import onnx
 
-from pulsar.compiler.stage import calibration_normalization
 from pulsar.compiler.targets import cores_for, load_profile
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
 from pulsar.frontend.processors import attach_input_processors, attach_output_processors
 from pulsar.frontend.stage import load_and_check
 from pulsar.quant.datasets import CalibrationData
+from pulsar.quant.samples import calibration_normalization, check_sample_dirs
 from pulsar.quant.stage import open_calibration
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,8 @@ def check_processors(ctx: BuildContext, model: onnx.ModelProto) -> None:
     check_input_memory(deployed, "input_processors", "fix the processor's padding / shapes")
 
 
-def check_sample_dirs(cfg: Any) -> None:
+def check_sample_paths(cfg: Any) -> None:
+    """The sample directories exist (their files are read by quant.samples.check_sample_dirs)."""
     for field, value in (("quant.input_sample_dir", cfg.quant.input_sample_dir),
                          ("compiler.input_sample_dir", cfg.compiler.input_sample_dir)):
         if value and not Path(value).is_dir():
@@ -111,9 +112,10 @@ def preflight(ctx: BuildContext) -> tuple[onnx.ModelProto, CalibrationData]:
         hint = ("fix input_shapes" if cfg.input_shapes else
                 "give smaller shapes with input_shapes (e.g. --input_shapes 'x:1x3x224x224')")
         check_input_memory(original, "input_shapes" if cfg.input_shapes else "input", hint)
-        check_sample_dirs(cfg)
+        check_sample_paths(cfg)
         cores_for(load_profile(cfg.target_hardware), cfg.npu_mode)
         check_processors(ctx, original)
+        check_sample_dirs(cfg, original)  # every sample file, in the deployed format
     with st.stage("calibration data"):
         data = open_calibration(ctx, original)
     return original, data

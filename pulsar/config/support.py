@@ -38,7 +38,23 @@ def _at_default(path: str, why: str = _NOT_YET) -> Rule:
     return Rule(path, lambda v, _c, d=default: v is None or v == d, why, unavailable=True)
 
 
+def _needs(path: str, condition: Callable[[dict[str, Any]], bool], why: str) -> Rule:
+    """A field that only acts together with another: at its default it is fine, set away from it
+    without ``condition`` (on its enclosing section) it would be silently ignored, so it is rejected."""
+    default = _at_default(path).allowed
+
+    def allowed(v: Any, section: dict[str, Any]) -> bool:
+        return default(v, section) or condition(section)
+
+    return Rule(path, allowed, why)
+
+
+def _analysis(q: dict[str, Any]) -> bool:
+    return bool(q.get("precision_analysis"))
+
+
 _FINETUNE = "only used by AdaRound / BRECQ / LSQ fine-tuning, which is not available yet"
+_AMP = "only used with quant.auto_mixed_precision.enable"
 
 RULES: list[Rule] = [
     Rule("model_type", lambda v, _c: v in ("ONNX", "QuantONNX"),
@@ -69,6 +85,24 @@ RULES: list[Rule] = [
     _at_default("compiler.disable_ir_fix", "only used by multi-batch compilation, which is not available yet"),
     Rule("compiler.check_tensor_black_list", lambda v, c: not v or c.get("check_mode") == "CheckPerLayer",
          "only used by compiler.check_mode CheckPerLayer"),
+    # fields that only act together with another one
+    _needs("quant.precision_analysis_method", _analysis, "only used with quant.precision_analysis"),
+    _needs("quant.precision_analysis_mode", _analysis, "only used with quant.precision_analysis"),
+    _needs("quant.input_sample_dir", _analysis, "only used with quant.precision_analysis (its samples)"),
+    _needs("quant.ln_scale_data_type", lambda q: (q.get("transformer_opt_level") or 0) >= 1 or bool(
+        q.get("layer_configs")), "only used when a LayerNormalization runs on the NPU (quant.transformer_opt_level "
+        ">= 1 or a layer_configs entry)"),
+    *(_needs(f"quant.auto_mixed_precision.{f}", lambda a: bool(a.get("enable")), _AMP)
+      for f in ("max_16bit_layers", "target_cosine", "data_type", "num_samples")),
+    _needs("compiler.check_mode", lambda c: bool(c.get("check")), "only used with compiler.check 1, 2 or 3"),
+    _needs("compiler.input_sample_dir", lambda c: bool(c.get("check")),
+           "only used with compiler.check 1, 2 or 3 (its samples)"),
+    _needs("compiler.check_rtol", lambda c: c.get("check") == 1, "only used with compiler.check 1 (all-close)"),
+    _needs("compiler.check_atol", lambda c: c.get("check") == 1, "only used with compiler.check 1 (all-close)"),
+    _needs("compiler.check_cosine_simularity", lambda c: c.get("check") == 3,
+           "only used with compiler.check 3 (cosine)"),
+    _needs("input_processors[*].padding_constant_value", lambda p: bool(p.get("padding")),
+           "only used with padding"),
     _at_default("compiler.enable_slice_mode"),
     _at_default("compiler.enable_tile_mode"),
     _at_default("compiler.enable_data_soft_compression"),

@@ -11,12 +11,24 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # A failed build may leave the log of the attempt and the calibration statistics cache (keyed by
 # content, so it cannot mix builds); nothing else.
 ALLOWED_AFTER_FAILURE = ("build_failed.log", "cache/")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One hostile input: ``setup(case_dir, env)`` makes its files and returns the command line (what
+    it makes belongs to the "before" state); the one error line must contain ``needle``."""
+
+    id: str
+    setup: Callable[[Path, Any], list[str]]
+    needle: str | tuple[str, ...]
 
 
 @dataclass(frozen=True)

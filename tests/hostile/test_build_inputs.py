@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.hostile.harness import Snapshot, assert_clean_failure, run_cli
+from tests.hostile.harness import Case, Snapshot, assert_clean_failure, run_cli
 
 SHAPE = (1, 3, 16, 16)
 
@@ -32,13 +32,6 @@ class Env:
 
 
 Setup = Callable[[Path, Env], list[str]]
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    setup: Setup  # (case directory, env) -> command line; files it makes belong to the "before" state
-    needle: str | tuple[str, ...]
 
 
 def _entry(env: Env, **kw: Any) -> dict[str, Any]:
@@ -403,6 +396,24 @@ CASES: list[Case] = [
     Case("npu_analysis_without_end_to_end", cfg(_quant(precision_analysis=True, precision_analysis_mode="NPUBackend")),
          "EndToEnd"),
     Case("unavailable_feature_flag", flags("--quant.enable_lsq"), "--quant.enable_lsq: true is not accepted"),
+    Case("analysis_method_without_analysis", cfg(_quant(precision_analysis_method="EndToEnd")),
+         ("quant.precision_analysis_method", "only used with quant.precision_analysis")),
+    Case("sample_dir_without_analysis", cfg(_quant(input_sample_dir="samples")),
+         ("quant.input_sample_dir", "only used with quant.precision_analysis")),
+    Case("amp_budget_without_enable", cfg(_quant(auto_mixed_precision={"max_16bit_layers": 4})),
+         ("quant.auto_mixed_precision.max_16bit_layers", "auto_mixed_precision.enable")),
+    Case("check_mode_without_check", cfg(_with_sections(compiler={"check_mode": "CheckPerLayer"})),
+         ("compiler.check_mode", "only used with compiler.check")),
+    Case("rtol_with_check_3", flags("--compiler.check", "3", "--compiler.check_rtol", "0.1"),
+         ("--compiler.check_rtol", "check 1")),
+    Case("cosine_with_check_1", flags("--compiler.check", "1", "--compiler.check_cosine_simularity", "0.9"),
+         ("--compiler.check_cosine_simularity", "check 3")),
+    Case("ln_scale_without_npu_layernorm", cfg(_quant(ln_scale_data_type="S32")),
+         ("quant.ln_scale_data_type", "LayerNormalization")),
+    Case("pad_value_without_padding", cfg(_with_sections(input_processors=[
+        {"tensor_name": "image", "padding_constant_value": 3}])),
+         ("input_processors[0].padding_constant_value", "only used with padding")),
+    Case("simplifier_without_onnxsim", flags("--onnx_opt.simplifier", "onnxslim"), "enable_onnxsim"),
     Case("image_std_zero", data_dir(_image_data, calibration_format="Image", calibration_std=[1.0, 0.0, 1.0]),
          "calibration_std"),
     # -- flags are named -----------------------------------------------------------------------------

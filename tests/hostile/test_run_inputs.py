@@ -21,7 +21,7 @@ import pytest
 
 import pulsar
 from pulsar.compiler.integrity import sealed_bytes
-from tests.hostile.harness import Snapshot, assert_clean_failure, run_cli
+from tests.hostile.harness import Case, Snapshot, assert_clean_failure, run_cli
 
 SHAPE = (1, 3, 16, 16)
 
@@ -33,13 +33,6 @@ class Env:
 
 
 Setup = Callable[[Path, Env], list[str]]
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    setup: Setup  # (case directory, env) -> command line; files it makes belong to the "before" state
-    needle: str | tuple[str, ...]
 
 
 # --------------------------------------------------------------------------- helpers
