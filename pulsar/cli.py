@@ -47,9 +47,12 @@ def guarded(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from pulsar.utils.signals import terminate_as_interrupt
+
         debug = bool(kwargs.get("debug")) or "--debug" in sys.argv
         try:
-            return fn(*args, **kwargs)
+            with terminate_as_interrupt():  # SIGTERM unwinds like Ctrl-C: temp files removed, one line
+                return fn(*args, **kwargs)
         except PulsarError as e:
             from pulsar.config import ConfigError
 

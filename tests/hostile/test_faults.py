@@ -213,3 +213,31 @@ def test_piped_tables_are_not_cut(tmp_path: Path) -> None:
     rows = [ln for ln in proc.stderr.splitlines() if "conv" + name in ln]
     assert rows, proc.stderr  # the precision table's operator column holds the whole layer name
     assert all("…" not in r for r in rows)
+
+
+def test_sigterm_during_pulsar_run(tmp_path: Path, tiny: dict[str, Path]) -> None:
+    """pulsar run over a long --list is stopped by SIGTERM: exit 2, one line, no temp file left."""
+    (tmp_path / "c.json").write_text(json.dumps(_config(tiny["calib"])))
+    built = run_cli(["build", "--input", str(tiny["model"]), "--output_dir", "b", "--config", "c.json"], tmp_path)
+    assert built.returncode == 0, built.stderr
+    samples = tmp_path / "samples"
+    rng = np.random.default_rng(0)
+    names = [f"s{i:04d}" for i in range(3000)]
+    for n in names:
+        (samples / n).mkdir(parents=True)
+        np.save(samples / n / "image.npy", rng.standard_normal(SHAPE).astype(np.float32))
+    (tmp_path / "list.txt").write_text("\n".join(names) + "\n")
+    argv = [sys.executable, "-m", "pulsar", "run", "--model", "b/compiled.pulsar", "--input_dir", "samples",
+            "--list", "list.txt", "--output_dir", "res"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: (tmp_path / "res" / "s0000").is_dir() or proc.poll() is not None)
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        os.kill(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_clean_failure(subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), "terminated (SIGTERM)")
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
