@@ -28,13 +28,25 @@ class EffectiveConfig:
 
     @property
     def hash(self) -> str:
-        """Hash of the settings that change the compiled model: not where it is written
-        (``output_dir``, ``work_dir``) nor where the model file lies (``input``)."""
-        keep = {k: v for k, v in self.data.items() if k not in _NOT_HASHED}
+        """Hash of the settings that change the compiled model: not where files are read or written
+        (``input``, ``output_dir``, ``work_dir``, ``output_name``) nor what is only analysed, checked
+        or reported (precision analysis, compiler checks, the perf trace, the model check)."""
+        keep = json.loads(json.dumps(self.data))
+        for dotted in _NOT_HASHED:
+            *parents, last = dotted.split(".")
+            node = keep
+            for part in parents:
+                node = node.get(part, {}) if isinstance(node, dict) else {}
+            if isinstance(node, dict):
+                node.pop(last, None)
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
-_NOT_HASHED = ("input", "output_dir", "work_dir")
+_NOT_HASHED = ("input", "output_dir", "work_dir", "output_name", "onnx_opt.model_check",
+               "quant.precision_analysis", "quant.precision_analysis_method", "quant.precision_analysis_mode",
+               "quant.input_sample_dir", "compiler.check", "compiler.check_mode", "compiler.check_rtol",
+               "compiler.check_atol", "compiler.check_cosine_simularity", "compiler.check_tensor_black_list",
+               "compiler.input_sample_dir", "compiler.npu_perf")
 
 
 def _from_flags(problems: list[str], flag_paths: list[str], source: str) -> ConfigError:

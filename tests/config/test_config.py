@@ -160,3 +160,17 @@ def test_sub_configs_do_not_get_defaults_filled():
 
     full = fill_defaults({"compiler": {"sub_configs": [{"start_tensor_names": ["a"], "end_tensor_names": ["b"]}]}})
     assert full["compiler"]["sub_configs"][0] == {"start_tensor_names": ["a"], "end_tensor_names": ["b"]}
+
+
+def test_config_hash_follows_what_changes_the_compiled_model(tmp_path):
+    """Where files go and what is only checked or analysed leave the hash alone; a quantization
+    setting changes it."""
+    from pulsar.config import load_build_config
+
+    base = {"input": "m.onnx", "output_dir": str(tmp_path / "a")}
+    h = load_build_config(None, base).hash
+    assert load_build_config(None, {**base, "output_dir": str(tmp_path / "b"), "work_dir": "w", "input": "x.onnx",
+                                    "output_name": "other.pulsar", "compiler.check": 3,
+                                    "quant.precision_analysis": True}).hash == h
+    assert load_build_config(None, {**base, "quant.calibration_method": "KL"}).hash != h
+    assert load_build_config(None, {**base, "npu_mode": "NPU2"}).hash != h
