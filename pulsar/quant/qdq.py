@@ -110,70 +110,72 @@ def topological_sort(g: onnx.GraphProto) -> None:
     g.node.extend(nodes[i] for i in order)
 
 
-def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[float, float]], *,
-               bias_fp32: bool = False, fixed: dict[str, TensorQuant] | None = None,
-               refine_weight_threshold: float = 1e-6) -> tuple[onnx.ModelProto, dict[str, TensorQuant]]:
-    """Return the QDQ model and the quantization parameters of every quantized tensor.
+def quant_params(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[float, float]], *,
+                 bias_fp32: bool = False, fixed: dict[str, TensorQuant] | None = None,
+                 refine_weight_threshold: float = 1e-6) -> dict[str, TensorQuant]:
+    """The quantization parameters of every quantized tensor of ``plan``, in export order (weights,
+    constants, activations, biases).
 
-    ``fixed`` holds parameters that must be kept (a QuantONNX input's own scales): those tensors are
-    put on their given grid instead of a calibrated one."""
+    ``fixed`` holds parameters that must be kept (a QuantONNX input's own scales, or the scales an
+    algorithm learned): those tensors keep their given grid instead of a calibrated one. A bias is
+    always derived from its input's and weight's scales (unless fixed), so it follows a changed scale."""
     fixed = fixed or {}
-    qmodel = onnx.ModelProto()
-    qmodel.CopyFrom(model)
-    g = qmodel.graph
-    inits = {t.name: t for t in g.initializer}
+    inits = {t.name: t for t in model.graph.initializer}
     params: dict[str, TensorQuant] = {}
-
-    def take_initializer(name: str) -> np.ndarray:
-        arr = numpy_helper.to_array(inits[name])
-        g.initializer.remove(inits.pop(name))
-        return arr
-
     for w in plan.weights:
-        arr = take_initializer(w.tensor)
         if w.tensor in fixed:
-            tq = fixed[w.tensor]
-            q = requantize(tq, arr)
+            params[w.tensor] = fixed[w.tensor]
         else:
-            tq, q = weight_quant(w.tensor, arr, w.axis, w.dtype, refine_threshold=refine_weight_threshold)
-        _init(g, f"{w.tensor}/q", q)
-        _qdq_nodes(g, f"{w.tensor}/q", w.tensor, tq, quantize=False)
-        params[w.tensor] = tq
-
+            arr = numpy_helper.to_array(inits[w.tensor])
+            params[w.tensor] = weight_quant(w.tensor, arr, w.axis, w.dtype,
+                                            refine_threshold=refine_weight_threshold)[0]
     for name in plan.constants:
-        arr = take_initializer(name)
         if name in fixed:
-            tq = fixed[name]
-            q = requantize(tq, arr)
+            params[name] = fixed[name]
         else:
-            tq, q = constant_quant(name, arr, refine_weight_threshold, plan.dtypes.get(name, "S8"))
-        _init(g, f"{name}/q", q)
-        _qdq_nodes(g, f"{name}/q", name, tq, quantize=False)
-        params[name] = tq
-
+            arr = numpy_helper.to_array(inits[name])
+            params[name] = constant_quant(name, arr, refine_weight_threshold, plan.dtypes.get(name, "S8"))[0]
     for name in plan.activations:
         lo, hi = ranges[name]
         params[name] = fixed[name] if name in fixed else activation_quant(name, lo, hi, plan.dtypes[name])
         if name in plan.shared:
             params[name].state, params[name].dominator = "OVERLAPPED", plan.dominator(name)
-
     for b in plan.biases:
         act, w = params.get(b.activation), params.get(b.weight)
         if bias_fp32 or act is None or w is None:
             continue
-        if not bias_fits_s32(numpy_helper.to_array(inits[b.tensor]), float(act.scale), w.scale):
+        arr = numpy_helper.to_array(inits[b.tensor])
+        if not bias_fits_s32(arr, float(act.scale), w.scale):
             log.debug("bias %s kept float: it overflows int32 on the %s x %s accumulator grid", b.tensor,
                       act.dtype, w.dtype)
             continue
-        arr = take_initializer(b.tensor)
-        if b.tensor in fixed:
-            tq = fixed[b.tensor]
-            q = requantize(tq, arr)
-        else:
-            tq, q = bias_quant(b.tensor, arr, float(act.scale), w.scale)
-        _init(g, f"{b.tensor}/q", q)
-        _qdq_nodes(g, f"{b.tensor}/q", b.tensor, tq, quantize=False)
-        params[b.tensor] = tq
+        params[b.tensor] = fixed[b.tensor] if b.tensor in fixed else bias_quant(b.tensor, arr, float(act.scale),
+                                                                                 w.scale)[0]
+    return params
+
+
+def export_qdq(model: onnx.ModelProto, plan: QuantPlan, params: dict[str, TensorQuant]) -> onnx.ModelProto:
+    """The QDQ model of ``model``: every tensor of ``params`` put on its grid (constants stored as
+    integers and dequantized, activations quantized and dequantized where they are produced)."""
+    qmodel = onnx.ModelProto()
+    qmodel.CopyFrom(model)
+    g = qmodel.graph
+    inits = {t.name: t for t in g.initializer}
+
+    def store(name: str) -> None:
+        tq = params[name]
+        arr = numpy_helper.to_array(inits[name])
+        g.initializer.remove(inits.pop(name))
+        _init(g, f"{name}/q", requantize(tq, arr))
+        _qdq_nodes(g, f"{name}/q", name, tq, quantize=False)
+
+    for w in plan.weights:
+        store(w.tensor)
+    for name in plan.constants:
+        store(name)
+    for b in plan.biases:
+        if b.tensor in params:
+            store(b.tensor)
 
     graph_inputs = {i.name for i in g.input}
     producers = {o: (n, k) for n in g.node for k, o in enumerate(n.output)}
@@ -195,4 +197,4 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[
     topological_sort(g)
     if any(n.domain == WIDE_DOMAIN for n in g.node) and not any(o.domain == WIDE_DOMAIN for o in qmodel.opset_import):
         qmodel.opset_import.append(helper.make_opsetid(WIDE_DOMAIN, 1))
-    return qmodel, params
+    return qmodel

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from pulsar.config.semantic import check_layer_configs
 from pulsar.context import BuildContext
@@ -23,6 +24,8 @@ from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
+from pulsar.quant.finetune import finetune_enabled, run_finetune
+from pulsar.quant.graph import QuantGraph
 from pulsar.quant.layer_configs import (
     DEFAULT_DTYPE,
     HIGHEST_DTYPE,
@@ -31,7 +34,6 @@ from pulsar.quant.layer_configs import (
     show_layer_config_table,
 )
 from pulsar.quant.plan import QuantPlan, make_plan
-from pulsar.quant.qdq import export_qdq
 from pulsar.quant.samples import Samples, check_sample_dirs, open_sample_dir
 from pulsar.quant.scheme import BITS, DTYPES, TensorQuant
 from pulsar.ui import show, table
@@ -39,9 +41,6 @@ from pulsar.utils.atomic import atomic_write_bytes, atomic_write_text
 from pulsar.utils.progress import counted, progress_task, progress_tasks
 
 log = logging.getLogger(__name__)
-
-QUANT_JSON_VERSION = 1
-
 
 def _processor_for(cfg: Any, name: str) -> Any:
     match = [p for p in cfg.input_processors if p.tensor_name == name]
@@ -97,23 +96,6 @@ def _cache_key(model: onnx.ModelProto, data: CalibrationData) -> str:
     h = hashlib.sha256(model.SerializeToString())
     h.update(data.fingerprint().encode())
     return h.hexdigest()[:24]
-
-
-def quant_json(ctx: BuildContext, qmodel: onnx.ModelProto, plan: QuantPlan,
-               params: dict[str, TensorQuant]) -> dict[str, Any]:
-    nodes = {}
-    for n in ctx.model.graph.node:
-        nodes[n.name] = {"op_type": n.op_type, "inputs": list(n.input), "outputs": list(n.output),
-                         "placement": plan.placement[n.name][0], "placement_reason": plan.placement[n.name][1],
-                         **({"fused_into": plan.fused[n.output[0]]} if n.output and n.output[0] in plan.fused else {})}
-    return {
-        "version": QUANT_JSON_VERSION,
-        "calibration_method": ctx.cfg.quant.calibration_method,
-        "activation_dtype": HIGHEST_DTYPE if ctx.cfg.quant.highest_mix_precision else DEFAULT_DTYPE,
-        "conventions": "real = (q - zero_point) * scale; q clipped to [quant_min, quant_max]",
-        "tensors": {name: tq.to_json() for name, tq in params.items()},
-        "nodes": nodes,
-    }
 
 
 def check_dtypes(qmodel: onnx.ModelProto, params: dict[str, TensorQuant]) -> int:
@@ -236,9 +218,10 @@ def run_auto_mixed_precision(ctx: BuildContext, precision: dict[str, NodePrecisi
     fused_into = {producer[t]: act for t, act in base.fused.items()}
 
     def export(layers: list[str]) -> onnx.ModelProto:
-        plan = make_plan(model, _raised(precision, layers, amp.data_type, fused_into), **plan_kw(ctx.cfg.quant))
+        raised = _raised(precision, layers, amp.data_type, fused_into)
+        plan = make_plan(model, raised, **plan_kw(ctx.cfg.quant))
         ranges = activation_ranges(stats, plan, ctx.cfg.quant, model)
-        return export_qdq(model, plan, ranges, **export_kw)[0]
+        return QuantGraph.calibrated(model, plan, raised, ranges, **export_kw).to_qdq()
 
     with progress_tasks(ctx.stages) as new_task:
         layers, trials, ranking = auto_mixed_precision.search(model, export, samples, candidates,
@@ -277,18 +260,27 @@ def run_smooth_quant(ctx: BuildContext) -> None:
              sum(r.smoothed for r in reports), len(reports), q.smooth_quant_strength, q.smooth_quant_threshold)
 
 
-def run_easy_quant(ctx: BuildContext, qmodel: onnx.ModelProto, params: dict[str, TensorQuant]) -> onnx.ModelProto:
+def run_easy_quant(ctx: BuildContext, qg: QuantGraph) -> None:
     """quant.enable_easy_quant: per-layer search of output and weight scales maximising the cosine with
-    the float layer (arXiv 2006.16669), on up to 8 calibration samples."""
+    the float layer (arXiv 2006.16669), on up to 8 calibration samples; the scales found are written
+    into the quantized graph."""
     samples = list(islice(iter(ctx.calibration), 8))
     with progress_task(ctx.stages, f"easy quant: layer scale search ({len(samples)} samples)", None) as task:
-        qmodel, rows = easy_quant(ctx.model, qmodel, samples, progress=task)
-    changed = update_params(params, qmodel)
+        searched, rows = easy_quant(ctx.model, qg.to_qdq(), samples, progress=task)
+    changed = update_params(qg.params, searched)
+    # the weights as the search rounded them (its own float32 division): the export keeps those integers
+    inits = {t.name: t for t in searched.graph.initializer}
+    for w in qg.plan.weights:
+        if w.tensor in changed:
+            tq = qg.params[w.tensor]
+            q = numpy_helper.to_array(inits[f"{w.tensor}/q"]).astype(np.float64)
+            shape = [-1 if i == tq.axis else 1 for i in range(q.ndim)] if tq.axis is not None else []
+            qg.set_weight(w.tensor, q * np.asarray(tq.scale, np.float64).reshape(shape))
+    qg.rederive_biases(ctx.cfg.quant.refine_weight_threshold)
     show(table("EasyQuant (per-layer cosine vs float)", ["layer", "before", "after", "output scale x", "weight scale x"],
                [(r.layer, f"{r.cosine_before:.6f}", f"{r.cosine_after:.6f}", f"{r.act_factor:.3f}",
                  f"{r.weight_factor:.3f}") for r in rows]), quiet=ctx.quiet)
     log.info("easy quant: %d layers searched, %d scales changed", len(rows), len(changed))
-    return qmodel
 
 
 def run_quant(ctx: BuildContext) -> onnx.ModelProto:
@@ -316,20 +308,25 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
              len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),
              len(plan.float_nodes))
     ranges = activation_ranges(stats, plan, q, model)
-    qmodel, params = export_qdq(model, plan, ranges, **export_kw, fixed=ctx.imported)
+    qg = QuantGraph.calibrated(model, plan, precision, ranges, **export_kw, fixed=ctx.imported)
     if ctx.imported:
-        kept = sum(1 for t in params if t in ctx.imported)
-        log.info("QuantONNX input: %d tensors keep their imported scales, %d calibrated", kept, len(params) - kept)
+        kept = sum(1 for t in qg.params if t in ctx.imported)
+        log.info("QuantONNX input: %d tensors keep their imported scales, %d calibrated", kept,
+                 len(qg.params) - kept)
     if q.enable_easy_quant:
-        qmodel = run_easy_quant(ctx, qmodel, params)
+        run_easy_quant(ctx, qg)
+    if finetune_enabled(q):
+        run_finetune(ctx, qg)
+    ctx.quant_graph = qg
+    qmodel = qg.to_qdq()
     for line in apply_op_processors(qmodel, ctx.cfg.quant_op_processors, field="quant_op_processors"):
         log.info("patched quantized graph: %s", line)
     if q.check >= 1:
-        log.info("quant check: %d quantized tensors have the dtypes of their config", check_dtypes(qmodel, params))
+        log.info("quant check: %d quantized tensors have the dtypes of their config", check_dtypes(qmodel, qg.params))
     path = ctx.path("quant", "quantized.onnx")
     atomic_write_bytes(path, qmodel.SerializeToString())
     jpath = ctx.path("quant", "quant_config.json")
-    qjson = quant_json(ctx, qmodel, plan, params)
+    qjson = qg.to_json(q.calibration_method, HIGHEST_DTYPE if q.highest_mix_precision else DEFAULT_DTYPE)
     atomic_write_text(jpath, json.dumps(qjson, indent=1))
     if q.precision_analysis and q.precision_analysis_mode == "Reference":
         run_precision_analysis(ctx, qmodel, qjson)
