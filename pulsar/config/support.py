@@ -53,7 +53,11 @@ def _analysis(q: dict[str, Any]) -> bool:
     return bool(q.get("precision_analysis"))
 
 
-_FINETUNE = "only used by AdaRound / BRECQ / LSQ fine-tuning, which is not available yet"
+def _finetune(q: dict[str, Any]) -> bool:
+    return any(q.get(f) for f in ("enable_adaround", "enable_brecq", "enable_lsq"))
+
+
+_FINETUNE = "only used by fine-tuning (quant.enable_adaround, enable_brecq or enable_lsq)"
 _AMP = "only used with quant.auto_mixed_precision.enable"
 
 RULES: list[Rule] = [
@@ -72,14 +76,12 @@ RULES: list[Rule] = [
          "only used with quant.enable_smooth_quant"),
     Rule("quant.smooth_quant_strength", lambda v, q: v == 0.6 or bool(q.get("enable_smooth_quant")),
          "only used with quant.enable_smooth_quant"),
-    _at_default("quant.enable_brecq"),
-    _at_default("quant.enable_lsq"),
-    _at_default("quant.enable_adaround"),
-    _at_default("quant.finetune_epochs", _FINETUNE),
-    _at_default("quant.finetune_block_size", _FINETUNE),
-    _at_default("quant.finetune_batch_size", _FINETUNE),
-    _at_default("quant.finetune_lr", _FINETUNE),
-    _at_default("quant.device", _FINETUNE + "; calibration runs in onnxruntime on the CPU"),
+    Rule("quant.enable_lsq", lambda v, q: not v or not (q.get("enable_adaround") or q.get("enable_brecq")),
+         "LSQ learns the weights and their scales itself, AdaRound / BRECQ learn the rounding of weights on "
+         "fixed scales: enable one of them (enable_adaround with enable_brecq runs BRECQ)"),
+    *(_needs(f"quant.{f}", _finetune, _FINETUNE) for f in ("finetune_epochs", "finetune_block_size",
+                                                           "finetune_batch_size", "finetune_lr")),
+    _needs("quant.device", _finetune, _FINETUNE + "; calibration runs in onnxruntime on the CPU"),
     _at_default("compiler.static_batch_sizes", "multi-batch compilation is not available yet"),
     _at_default("compiler.max_dynamic_batch_size", "multi-batch compilation is not available yet"),
     _at_default("compiler.disable_ir_fix", "only used by multi-batch compilation, which is not available yet"),

@@ -1,0 +1,170 @@
+"""Fine-tuning (``quant.enable_adaround`` / ``enable_brecq`` / ``enable_lsq``) of the quantized graph.
+
+What combining the switches does: ``enable_adaround`` alone reconstructs each weighted layer's
+output; ``enable_brecq`` (with or without ``enable_adaround``, whose learned rounding BRECQ already
+is) reconstructs each block's output; ``enable_lsq`` learns weights and scales and is rejected next
+to the other two (config/support.py). One *epoch* in ``finetune_epochs`` is one optimizer step on one
+batch of ``finetune_batch_size`` samples, per block (as pulsar2 counts "Steps" per block).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pulsar.context import BuildContext
+from pulsar.errors import PulsarError
+from pulsar.quant.finetune.blocks import Block, make_blocks
+from pulsar.quant.finetune.reconstruct import BlockReport, Reconstruction, Settings, block_activations
+from pulsar.quant.finetune.store import SampleStore
+from pulsar.quant.graph import QuantGraph
+from pulsar.quant.torch_exec import QuantExecutor
+from pulsar.ui import literal, show, table
+from pulsar.utils.atomic import atomic_write_bytes
+from pulsar.utils.progress import progress_task
+from pulsar.utils.scratch import scratch_dir
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+
+
+def finetune_enabled(q: Any) -> bool:
+    return bool(q.enable_adaround or q.enable_brecq or q.enable_lsq)
+
+
+def algorithm(q: Any) -> str:
+    return "lsq" if q.enable_lsq else "brecq" if q.enable_brecq else "adaround"
+
+
+def resolve_device(value: str, field: str = "quant.device") -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:N``; a CUDA device this machine does not have is a config error."""
+    if value == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise PulsarError(f'{field}: "{value}" needs a CUDA GPU, and torch finds none on this machine '
+                          f"(torch {torch.__version__}); set {field} to cpu")
+    dev = torch.device(value)
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise PulsarError(f'{field}: "{value}" does not exist: this machine has {count} CUDA device(s) '
+                          f"(cuda:0 ... cuda:{count - 1})")
+    return dev
+
+
+def _cache_key(ctx: BuildContext, qg: QuantGraph, settings: Settings, device: torch.device) -> str:
+    h = hashlib.sha256(ctx.model.SerializeToString())
+    h.update(ctx.calibration.fingerprint().encode())
+    h.update(json.dumps({"v": CACHE_VERSION, "settings": vars(settings), "device": device.type,
+                         "block_size": ctx.cfg.quant.finetune_block_size,
+                         "params": {k: v.to_json() for k, v in qg.params.items()}}, sort_keys=True).encode())
+    return h.hexdigest()[:24]
+
+
+def _save(path: Path, qg: QuantGraph, changed: list[str]) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    for i, name in enumerate(changed):
+        if name in qg.weights:
+            arrays[f"w{i}"] = qg.weights[name]
+        arrays[f"s{i}"] = np.asarray(qg.params[name].scale, np.float32)
+    arrays["names"] = np.array(json.dumps(changed))
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _load(path: Path, qg: QuantGraph) -> int:
+    with np.load(path, allow_pickle=False) as data:
+        names = json.loads(str(data["names"]))
+        for i, name in enumerate(names):
+            if f"w{i}" in data:
+                qg.set_weight(name, data[f"w{i}"])
+            qg.set_scale(name, data[f"s{i}"])
+    return len(names)
+
+
+def _show_parameters(ctx: BuildContext, settings: Settings, device: torch.device, blocks: list[Block],
+                     samples: int) -> None:
+    rows = [("algorithm", {"adaround": "AdaRound", "brecq": "BRECQ", "lsq": "LSQ"}[settings.algorithm]),
+            ("device", str(device)), ("blocks", str(len(blocks))),
+            ("block size (weighted layers)", str(ctx.cfg.quant.finetune_block_size)),
+            ("steps per block (finetune_epochs)", str(settings.steps)),
+            ("batch size", str(settings.batch_size)), ("learning rate", f"{settings.lr:g}"),
+            ("samples", str(samples)), ("seed", str(settings.seed))]
+    show(table("Fine-tuning", ["parameter", "value"], rows), quiet=ctx.quiet)
+
+
+def _block_line(r: BlockReport, n: int) -> str:
+    ins, outs = ", ".join(r.inputs), ", ".join(r.outputs)
+    state = " (rolled back: the hard-rounded loss was worse)" if r.rolled_back else ""
+    state = " (nothing to train)" if not r.trained else state
+    return (f"block {r.index}/{n}: [{ins}] -> [{outs}]  {r.layers} layer(s)  loss {r.loss_before:.6g} -> "
+            f"{r.loss_after:.6g}{state}  {r.seconds:.1f} s")
+
+
+def run_finetune(ctx: BuildContext, qg: QuantGraph) -> None:
+    """Train the quantized graph block by block and write what it learned into ``qg``."""
+    q = ctx.cfg.quant
+    device = resolve_device(q.device)
+    settings = Settings(algorithm(q), q.finetune_epochs, q.finetune_batch_size, q.finetune_lr)
+    weights = {w.tensor: w.node for w in qg.plan.weights if w.tensor in qg.params}
+    blocks = make_blocks(qg.model, weights, q.finetune_block_size)
+    _show_parameters(ctx, settings, device, blocks, len(ctx.calibration))
+    cache = ctx.work_dir / "cache" / f"finetune-{_cache_key(ctx, qg, settings, device)}.npz"
+    if cache.is_file():
+        n = _load(cache, qg)
+        qg.rederive_biases(q.refine_weight_threshold)
+        log.info("fine-tuning: %d learned parameters from the cache (%s); not retrained", n, literal(str(cache)))
+        return
+    torch.manual_seed(settings.seed)
+    exe = QuantExecutor(qg, device)
+    spill = Path(scratch_dir() or ctx.work_dir / "cache")
+    fp, qs = SampleStore(spill), SampleStore(spill)
+    for sample in ctx.calibration:
+        fp.append(sample)
+        qs.append(sample)
+    rec = Reconstruction(exe, settings)
+    reports: list[BlockReport] = []
+    start = time.perf_counter()
+    try:
+        for i, block in enumerate(blocks, 1):
+            acts = block_activations(exe, block) if settings.algorithm == "lsq" else []
+            with progress_task(ctx.stages, f"{settings.algorithm} block {i}/{len(blocks)}", settings.steps) as task:
+                r = rec.block(i, block, fp, qs, acts, progress=task)
+            reports.append(r)
+            log.info("%s", _block_line(r, len(blocks)))
+            if i < len(blocks):
+                fp_next, qs_next = SampleStore(spill), SampleStore(spill)
+                rec.advance(block, fp, qs, fp_next, qs_next)
+                fp.close()
+                qs.close()
+                fp, qs = fp_next, qs_next
+    finally:
+        spilled = fp.spilled
+        fp.close()
+        qs.close()
+    changed: list[str] = []
+    trained = {w for b, r in zip(blocks, reports, strict=True) if r.trained and not r.rolled_back for w in b.weights}
+    for w in sorted(trained):
+        value, scale = exe.weight_values(w)
+        qg.set_weight(w, value)
+        qg.params[w].scale = scale.reshape(np.shape(qg.params[w].scale))
+        changed.append(w)
+    for a, aq in exe.acts.items():
+        scale = aq.scale0.detach().cpu().numpy()
+        if not np.array_equal(scale.astype(np.float32), np.asarray(qg.params[a].scale, np.float32)):
+            qg.set_scale(a, scale)
+            changed.append(a)
+    qg.rederive_biases(q.refine_weight_threshold)
+    _save(cache, qg, changed)
+    log.info("fine-tuning (%s): %d blocks in %.1f s, %d rolled back, %d parameters learned%s", settings.algorithm,
+             len(blocks), time.perf_counter() - start, sum(r.rolled_back for r in reports), len(changed),
+             f"; block inputs of {spilled} samples spilled to disk" if spilled else "")

@@ -1,0 +1,240 @@
+"""Run a quantized graph (or any slice of it) in torch, float or fake-quantized, on ``quant.device``.
+
+The executor interprets the float graph node by node with :mod:`.ops`; in quantized mode every tensor
+the QDQ export quantizes is put through :func:`fake_quant` with its parameters from the
+:class:`QuantGraph`: activations where they are produced (graph inputs where they are read), weights,
+constant operands and biases where they are read. Weights, AdaRound rounding variables and LSQ scale
+factors are ``torch.nn.Parameter`` objects that the fine-tuning algorithms train; :meth:`write_back`
+puts what they learned into the quantized graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from pulsar.errors import PulsarError
+from pulsar.quant.graph import QuantGraph
+from pulsar.quant.scheme import TensorQuant
+from pulsar.quant.torch_exec.fake_quant import (
+    fake_quant,
+    floor_ste,
+    grad_scale,
+    lsq_grad_factor,
+    rectified_sigmoid,
+    rectified_sigmoid_inverse,
+)
+from pulsar.quant.torch_exec.ops import TORCH_OPS, Call
+
+Tensor = torch.Tensor
+
+
+def unsupported_ops(model: onnx.ModelProto) -> list[str]:
+    """Node names / op types the executor cannot run."""
+    return [f"{n.op_type} ({n.name})" for n in model.graph.node if n.op_type not in TORCH_OPS]
+
+
+@dataclass
+class ActQuant:
+    """A scale of an activation grid; LSQ trains ``factor`` (scale = scale0 x factor)."""
+
+    scale0: Tensor
+    factor: torch.nn.Parameter | None = None
+    g: float = 1.0
+
+    def scale(self) -> Tensor:
+        return self.scale0 if self.factor is None else self.scale0 * grad_scale(self.factor, self.g)
+
+
+@dataclass
+class WeightQuant:
+    """One weight of the plan: its float value, grid and how it is rounded.
+
+    mode ``nearest``: round to nearest (the default build); ``adaround``: floor + h(V), learned;
+    ``lsq``: the weight itself and its per-channel scale factor are learned, rounding to nearest."""
+
+    w: Tensor
+    scale0: Tensor
+    zero_point: Tensor
+    qmin: int
+    qmax: int
+    axis: int | None
+    mode: str = "nearest"
+    v: torch.nn.Parameter | None = None        # AdaRound
+    hard: bool = False                         # AdaRound: h = [V >= 0] instead of the soft h(V)
+    factor: torch.nn.Parameter | None = None   # LSQ scale factor (per channel)
+    g: float = 1.0
+
+    def _shape(self) -> list[int]:
+        shape = [1] * self.w.dim()
+        if self.axis is not None and self.scale0.dim():
+            shape[self.axis] = -1
+        return shape
+
+    def scale(self) -> Tensor:
+        return self.scale0 if self.factor is None else self.scale0 * grad_scale(self.factor, self.g)
+
+    def quantized(self) -> Tensor:
+        if self.mode != "adaround":
+            return fake_quant(self.w, self.scale(), self.zero_point, self.qmin, self.qmax, self.axis)
+        assert self.v is not None
+        s = self.scale0.reshape(self._shape())
+        z = self.zero_point.reshape(self._shape())
+        h = (self.v >= 0).to(self.w.dtype) if self.hard else rectified_sigmoid(self.v)
+        q = torch.clamp(floor_ste(self.w / s) + h + z, self.qmin, self.qmax)
+        return (q - z) * s
+
+    def start_adaround(self) -> None:
+        s = self.scale0.reshape(self._shape())
+        rest = self.w / s - torch.floor(self.w / s)
+        self.v = torch.nn.Parameter(rectified_sigmoid_inverse(rest))
+        self.mode, self.hard = "adaround", False
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, object]:
+    out: dict[str, object] = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    for k, v in list(out.items()):
+        if isinstance(v, bytes):
+            out[k] = v.decode()
+    out["_outputs"] = len(node.output)
+    return out
+
+
+class QuantExecutor:
+    """Float or fake-quantized execution of a :class:`QuantGraph` in torch."""
+
+    def __init__(self, qg: QuantGraph, device: torch.device | str = "cpu") -> None:
+        missing = unsupported_ops(qg.model)
+        if missing:
+            raise PulsarError(f"fine-tuning cannot run this model in torch: no torch implementation of "
+                              f"{', '.join(sorted(set(missing))[:5])}; turn quant.enable_adaround / enable_brecq / "
+                              "enable_lsq off")
+        self.qg, self.device = qg, torch.device(device)
+        g = qg.model.graph
+        self.nodes = list(g.node)
+        self.calls = [_attrs(n) for n in self.nodes]
+        self.graph_inputs = {i.name for i in g.input}
+        self.consts: dict[str, Tensor] = {}
+        for t in g.initializer:
+            arr = qg.initializer(t.name)
+            self.consts[t.name] = self._tensor(arr)
+        for n in self.nodes:  # Constant nodes are constants too
+            if n.op_type == "Constant":
+                self.consts[n.output[0]] = self._tensor(numpy_helper.to_array(n.attribute[0].t))
+        plan = qg.plan
+        self.bias_of = {b.tensor: (b.activation, b.weight) for b in plan.biases}
+        self.weights: dict[str, WeightQuant] = {}
+        for w in plan.weights:
+            tq = qg.params.get(w.tensor)
+            if tq is not None:
+                self.weights[w.tensor] = WeightQuant(self.consts[w.tensor], self._tensor(tq.scale),
+                                                     self._tensor(np.asarray(tq.zero_point, np.float32)),
+                                                     tq.qmin, tq.qmax, tq.axis)
+        self.acts: dict[str, ActQuant] = {}
+        for name, tq in qg.params.items():
+            if tq.kind == "activation" and plan.dominator(name) == name:
+                self.acts[name] = ActQuant(self._tensor(tq.scale))
+
+    def _tensor(self, arr: np.ndarray | np.generic) -> Tensor:
+        a = np.asarray(arr)
+        if a.dtype.kind == "f":
+            a = a.astype(np.float32)
+        return torch.from_numpy(np.array(a, copy=True)).to(self.device)
+
+    # ---- quantizers ----------------------------------------------------------------------------
+    def act_scale(self, name: str) -> Tensor:
+        return self.acts[self.qg.plan.dominator(name)].scale()
+
+    def _fq(self, name: str, x: Tensor) -> Tensor:
+        tq: TensorQuant = self.qg.params[name]
+        if tq.kind == "activation":
+            zp = torch.tensor(float(tq.zero_point), device=self.device)
+            return fake_quant(x, self.act_scale(name), zp, tq.qmin, tq.qmax, None)
+        if name in self.weights:
+            return self.weights[name].quantized()
+        if tq.kind == "bias":
+            act, w = self.bias_of[name]
+            scale = self.act_scale(act) * self.weights[w].scale()
+            return fake_quant(x, scale, torch.zeros_like(scale), tq.qmin, tq.qmax, 0 if scale.dim() else None)
+        return fake_quant(x, self._tensor(tq.scale), self._tensor(np.asarray(tq.zero_point, np.float32)),
+                          tq.qmin, tq.qmax, tq.axis)
+
+    # ---- running -------------------------------------------------------------------------------
+    def run(self, nodes: Iterable[int], feeds: dict[str, Tensor], outputs: Sequence[str], *,
+            quant: bool) -> dict[str, Tensor]:
+        """Run ``nodes`` (indices, in graph order) from ``feeds``; returns ``outputs``. Feeds that are
+        graph inputs are quantized when read (other feeds come quantized from their producer)."""
+        params = self.qg.params
+        env: dict[str, Tensor] = {}
+        for k, v in feeds.items():
+            env[k] = self._fq(k, v) if quant and k in self.graph_inputs and k in params else v
+        for idx in nodes:
+            node = self.nodes[idx]
+            if node.op_type == "Constant":
+                continue
+            ins: list[Tensor | None] = []
+            for name in node.input:
+                if not name:
+                    ins.append(None)
+                elif name in env:
+                    ins.append(env[name])
+                else:
+                    c = self.consts[name]
+                    ins.append(self._fq(name, c) if quant and name in params else c)
+            outs = TORCH_OPS[node.op_type](Call(self.calls[idx], ins))
+            for name, val in zip(node.output, outs, strict=False):
+                env[name] = self._fq(name, val) if quant and name in params else val
+        return {o: env[o] if o in env else feeds[o] for o in outputs}
+
+    def parameters(self, names: Iterable[str]) -> list[torch.nn.Parameter]:
+        out: list[torch.nn.Parameter] = []
+        for n in names:
+            wq = self.weights.get(n)
+            if wq is not None:
+                out += [p for p in (wq.v, wq.factor) if p is not None]
+                if isinstance(wq.w, torch.nn.Parameter):
+                    out.append(wq.w)
+            aq = self.acts.get(n)
+            if aq is not None and aq.factor is not None:
+                out.append(aq.factor)
+        return out
+
+    def start_lsq(self, weights: Iterable[str], acts: Iterable[str]) -> None:
+        """Make weights, their per-channel scales and the activation scales of ``acts`` trainable."""
+        for n in weights:
+            wq = self.weights[n]
+            wq.w = torch.nn.Parameter(wq.w.clone())
+            wq.factor = torch.nn.Parameter(torch.ones_like(wq.scale0))
+            per = wq.w.numel() // max(1, wq.scale0.numel())
+            wq.g, wq.mode = lsq_grad_factor(per, wq.qmax), "lsq"
+        for n in acts:
+            aq = self.acts[n]
+            aq.factor = torch.nn.Parameter(torch.ones_like(aq.scale0))
+
+    # ---- results -------------------------------------------------------------------------------
+    def weight_values(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(float weight on its final grid or as learned, per-channel scale) of a weight."""
+        wq = self.weights[name]
+        with torch.no_grad():
+            value = wq.quantized() if wq.mode == "adaround" else wq.w.detach()
+            scale = wq.scale().detach()
+        return value.cpu().numpy().astype(np.float32), scale.cpu().numpy().astype(np.float32)
+
+    def act_values(self, name: str) -> np.ndarray:
+        with torch.no_grad():
+            return self.acts[name].scale().detach().cpu().numpy().astype(np.float32)
+
+    def set_act_scale(self, name: str, scale: np.ndarray) -> None:
+        """Fix an activation scale (rollback, or a learned scale kept)."""
+        self.acts[name] = ActQuant(self._tensor(scale))
+
+    def freeze_weight(self, name: str, value: np.ndarray, scale: np.ndarray) -> None:
+        """Fix a weight to ``value`` on grid ``scale``, rounded to nearest from now on."""
+        wq = self.weights[name]
+        self.weights[name] = WeightQuant(self._tensor(value), self._tensor(scale).reshape(wq.scale0.shape),
+                                         wq.zero_point, wq.qmin, wq.qmax, wq.axis)

@@ -1,0 +1,68 @@
+"""Quantize-dequantize in torch, with straight-through gradients.
+
+Same arithmetic as the QDQ export that onnxruntime runs and the integer backend reproduces:
+``q = clip(round_half_even(x / scale) + zero_point, quant_min, quant_max)``, ``x' = (q - zero_point) * scale``
+in float32. The rounding's gradient is passed straight through; clipping stops the gradient of the
+clipped elements (so the LSQ scale gradient comes out of autograd: ``round(x/s) - x/s`` inside the
+range, ``q_min - z`` / ``q_max - z`` outside).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+Tensor = torch.Tensor
+
+ZETA, GAMMA = 1.1, -0.1  # AdaRound's rectified sigmoid stretch
+
+
+def round_ste(x: Tensor) -> Tensor:
+    """Round half to even (as QuantizeLinear), gradient 1."""
+    return x + (torch.round(x) - x).detach()
+
+
+def floor_ste(x: Tensor) -> Tensor:
+    return x + (torch.floor(x) - x).detach()
+
+
+def grad_scale(x: Tensor, g: float) -> Tensor:
+    """Value ``x``, gradient scaled by ``g`` (LSQ's step-size gradient scaling)."""
+    return (x - x * g).detach() + x * g
+
+
+def channel_shape(x: Tensor, axis: int | None) -> list[int]:
+    shape = [1] * x.dim()
+    if axis is not None:
+        shape[axis] = -1
+    return shape
+
+
+def fake_quant(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int, axis: int | None) -> Tensor:
+    shape = channel_shape(x, axis) if scale.dim() else []
+    s = scale.reshape(shape) if shape else scale
+    z = zero_point.reshape(shape) if shape else zero_point
+    q = torch.clamp(round_ste(x / s) + z, qmin, qmax)
+    return (q - z) * s
+
+
+def lsq_grad_factor(numel: int, qmax: int) -> float:
+    """LSQ: g = 1 / sqrt(N * Q_P) balances the step size's update with the weights' (Esser et al. 2020)."""
+    return 1.0 / math.sqrt(max(1, numel) * max(1, qmax))
+
+
+def rectified_sigmoid(v: Tensor) -> Tensor:
+    """AdaRound's h(V) in [0, 1]: sigmoid stretched to (GAMMA, ZETA) and clipped, so it can reach 0 and 1."""
+    return torch.clamp(torch.sigmoid(v) * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
+
+
+def rectified_sigmoid_inverse(h: Tensor) -> Tensor:
+    """V with h(V) = ``h`` (for h strictly inside (0, 1)): the starting point that rounds to nearest."""
+    p = torch.clamp((h - GAMMA) / (ZETA - GAMMA), 1e-6, 1 - 1e-6)
+    return torch.log(p / (1 - p))
+
+
+def rounding_regularizer(v: Tensor, beta: float) -> Tensor:
+    """sum(1 - |2h(V) - 1|^beta): zero when every h is 0 or 1, pushes each toward one of them."""
+    return (1 - (2 * rectified_sigmoid(v) - 1).abs().pow(beta)).sum()
