@@ -39,9 +39,15 @@ class EffectiveConfig:
                 node = node.get(part, {}) if isinstance(node, dict) else {}
             if isinstance(node, dict):
                 node.pop(last, None)
+        q = keep.get("quant") or {}
+        if isinstance(q, dict) and not any(q.get(f) for f in _FINETUNE_SWITCHES):
+            for f in _FINETUNE_ONLY:  # read by fine-tuning only: without it they change nothing
+                q.pop(f, None)
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
+_FINETUNE_SWITCHES = ("enable_adaround", "enable_brecq", "enable_lsq")
+_FINETUNE_ONLY = ("finetune_epochs", "finetune_block_size", "finetune_batch_size", "finetune_lr", "device")
 _NOT_HASHED = ("input", "output_dir", "work_dir", "output_name", "onnx_opt.model_check",
                "quant.precision_analysis", "quant.precision_analysis_method", "quant.precision_analysis_mode",
                "quant.input_sample_dir", "compiler.check", "compiler.check_mode", "compiler.check_rtol",

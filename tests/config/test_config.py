@@ -147,9 +147,10 @@ def test_layer_config_needs_exactly_one_selector():
 
 def test_unimplemented_fields_are_rejected_not_ignored():
     with pytest.raises(ConfigError) as e:
-        load_build_config({"quant": {"enable_adaround": True, "calibration_percentile": 99.9},
-                           "compiler": {"check_tensor_black_list": ["x"]}}, require_io=False)
-    assert any(p.startswith("quant.enable_adaround: true is not accepted") for p in e.value.problems)
+        load_build_config({"quant": {"calibration_percentile": 99.9},
+                           "compiler": {"check_tensor_black_list": ["x"], "enable_slice_mode": True}},
+                          require_io=False)
+    assert any(p.startswith("compiler.enable_slice_mode: true is not accepted") for p in e.value.problems)
     # fields that only act together with another one name it
     assert any(p.startswith("quant.calibration_percentile") and "Percentile" in p for p in e.value.problems)
     assert any(p.startswith("compiler.check_tensor_black_list") and "CheckPerLayer" in p for p in e.value.problems)
@@ -174,3 +175,23 @@ def test_config_hash_follows_what_changes_the_compiled_model(tmp_path):
                                     "quant.precision_analysis": True}).hash == h
     assert load_build_config(None, {**base, "quant.calibration_method": "KL"}).hash != h
     assert load_build_config(None, {**base, "npu_mode": "NPU2"}).hash != h
+
+
+def test_finetune_fields_need_a_finetune_switch_and_lsq_stands_alone():
+    with pytest.raises(ConfigError) as e:
+        load_build_config({"quant": {"finetune_lr": 0.01, "device": "cuda:0"}}, require_io=False)
+    assert any(p.startswith("quant.finetune_lr") and "enable_adaround" in p for p in e.value.problems)
+    assert any(p.startswith("quant.device") and "fine-tuning" in p for p in e.value.problems)
+    with pytest.raises(ConfigError) as e:
+        load_build_config({"quant": {"enable_lsq": True, "enable_brecq": True}}, require_io=False)
+    assert any(p.startswith("quant.enable_lsq") and "enable one of them" in p for p in e.value.problems)
+    cfg = load_build_config({"quant": {"enable_adaround": True, "enable_brecq": True, "finetune_lr": 0.01,
+                                       "device": "cuda"}}, require_io=False)
+    assert cfg.cfg.quant.enable_brecq and cfg.cfg.quant.device == "cuda"
+
+
+def test_finetune_settings_change_the_hash_only_when_fine_tuning_runs():
+    base = load_build_config({}, require_io=False).hash
+    on = load_build_config({"quant": {"enable_lsq": True}}, require_io=False).hash
+    on_more = load_build_config({"quant": {"enable_lsq": True, "finetune_epochs": 7}}, require_io=False).hash
+    assert len({base, on, on_more}) == 3

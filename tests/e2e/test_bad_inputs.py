@@ -74,8 +74,8 @@ def _case_setups(root: Path, tiny: dict[str, Path]):
     cfg("input_shapes_unknown", {"quant": {"input_configs": [good]}}, ["--input_shapes", "img:1x3x16x16"],
         'did you mean "image"')
     cfg("input_shapes_rank", {"quant": {"input_configs": [good]}}, ["--input_shapes", "image:1x3x16"], "image")
-    cfg("unsupported_feature", {"quant": {"input_configs": [good], "enable_adaround": True}},
-        needle="quant.enable_adaround: true is not accepted")
+    cfg("unsupported_feature", {"quant": {"input_configs": [good]}, "compiler": {"enable_slice_mode": True}},
+        needle="compiler.enable_slice_mode: true is not accepted")
     cfg("bad_extension", {"quant": {"input_configs": [good]}}, needle="unsupported config file extension", ext="ini")
     cases["invalid_json"] = ('{"quant": {"calibration_method": "KL",}}', [], "invalid JSON at line 1", "json")
     cases["invalid_yaml"] = ("quant:\n  calibration_method: [KL\n", [], "invalid YAML", "yaml")

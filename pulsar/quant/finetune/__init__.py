@@ -104,7 +104,8 @@ def _show_parameters(ctx: BuildContext, settings: Settings, device: torch.device
 
 def _block_line(r: BlockReport, n: int) -> str:
     ins, outs = ", ".join(r.inputs), ", ".join(r.outputs)
-    state = " (rolled back: the hard-rounded loss was worse)" if r.rolled_back else ""
+    worse = "the hard-rounded loss was worse" if r.hard_rounding else "the loss after training was worse"
+    state = f" (rolled back: {worse})" if r.rolled_back else ""
     state = " (nothing to train)" if not r.trained else state
     return (f"block {r.index}/{n}: [{ins}] -> [{outs}]  {r.layers} layer(s)  loss {r.loss_before:.6g} -> "
             f"{r.loss_after:.6g}{state}  {r.seconds:.1f} s")

@@ -27,6 +27,7 @@ Tensor = torch.Tensor
 
 WARMUP = 0.2            # share of steps without the rounding regulariser
 BETA = (20.0, 2.0)      # regulariser exponent, annealed from the first to the second
+ROUNDING_LR = 100.0     # learning-rate multiplier of the rounding variables V against finetune_lr
 REG_WEIGHT = 0.1        # weight of the mean rounding term against the normalised reconstruction loss
 
 
@@ -43,6 +44,9 @@ class Objective:
         else:
             exe.start_lsq(block.weights, acts)
         return exe.parameters([*block.weights, *acts])
+
+    def lr_factor(self) -> float:
+        return ROUNDING_LR if self.learned_rounding else 1.0
 
     def regularizer(self, exe: QuantExecutor, block: Block, step: int, steps: int) -> Tensor | None:
         """AdaRound's rounding term after the warm-up, its exponent annealed from 20 to 2."""

@@ -49,6 +49,7 @@ class BlockReport:
     rolled_back: bool
     seconds: float
     trained: bool = True
+    hard_rounding: bool = True   # the after-loss is that of the hard (integer) rounding
 
 
 def _batch(store: SampleStore, idx: Iterable[int], names: Sequence[str], device: torch.device) -> dict[str, torch.Tensor]:
@@ -113,7 +114,7 @@ class Reconstruction:
         if not params:
             return BlockReport(index, block.inputs, block.outputs, len(block.weights), before, before, False,
                                time.perf_counter() - start, trained=False)
-        opt = torch.optim.Adam(params, lr=s.lr)
+        opt = torch.optim.Adam(params, lr=s.lr * obj.lr_factor())
         norm = max(before, 1e-12)
         for step in range(s.steps):
             idx = self.rng.integers(0, len(fp), size=s.batch_size)
@@ -143,7 +144,8 @@ class Reconstruction:
             for a in acts:
                 exe.set_act_scale(a, exe.act_values(a))
         return BlockReport(index, block.inputs, block.outputs, len(block.weights), before,
-                           before if rolled_back else after, rolled_back, time.perf_counter() - start)
+                           after, rolled_back, time.perf_counter() - start,
+                           hard_rounding=obj.learned_rounding)
 
     def advance(self, block: Block, fp: SampleStore, q: SampleStore, fp_next: SampleStore,
                 q_next: SampleStore) -> None:

@@ -36,7 +36,7 @@ Tensor = torch.Tensor
 
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:
     """Node names / op types the executor cannot run."""
-    return [f"{n.op_type} ({n.name})" for n in model.graph.node if n.op_type not in TORCH_OPS]
+    return [f"{n.op_type} ({n.name})" for n in model.graph.node if n.op_type not in TORCH_OPS and n.op_type != "Constant"]
 
 
 @dataclass
@@ -186,7 +186,11 @@ class QuantExecutor:
                 else:
                     c = self.consts[name]
                     ins.append(self._fq(name, c) if quant and name in params else c)
-            outs = TORCH_OPS[node.op_type](Call(self.calls[idx], ins))
+            try:
+                outs = TORCH_OPS[node.op_type](Call(self.calls[idx], ins))
+            except NotImplementedError as e:
+                raise PulsarError(f"fine-tuning cannot run node {node.name!r} ({node.op_type}) in torch: {e}; turn "
+                                  "quant.enable_adaround / enable_brecq / enable_lsq off") from e
             for name, val in zip(node.output, outs, strict=False):
                 env[name] = self._fq(name, val) if quant and name in params else val
         return {o: env[o] if o in env else feeds[o] for o in outputs}

@@ -318,3 +318,23 @@ def max_pool(c: Call) -> list[Tensor]:
 @op("AveragePool")
 def avg_pool(c: Call) -> list[Tensor]:
     return _pool(c, "avg")
+
+
+@op("BatchNormalization")
+def batch_norm(c: Call) -> list[Tensor]:
+    x, scale, bias, mean, var = (_x(c, i) for i in range(5))
+    return [F.batch_norm(x, mean, var, scale, bias, training=False, eps=c.attr("epsilon", 1e-5))]
+
+
+@op("ConvTranspose")
+def conv_transpose(c: Call) -> list[Tensor]:
+    x, w = _x(c), _x(c, 1)
+    b = c.inputs[2] if len(c.inputs) > 2 else None
+    spatial = w.dim() - 2
+    pads = list(c.attr("pads", [0] * (2 * spatial)))
+    if pads[:spatial] != pads[spatial:] or c.attr("output_shape") is not None:
+        raise NotImplementedError("ConvTranspose with asymmetric pads or output_shape")
+    fn = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[spatial]
+    return [fn(x, w, b, stride=c.attr("strides", [1] * spatial), padding=pads[:spatial],
+               output_padding=c.attr("output_padding", [0] * spatial), groups=c.attr("group", 1),
+               dilation=c.attr("dilations", [1] * spatial))]
