@@ -31,7 +31,7 @@ g (float[1,4,8,8] x) => (float[1,4,8,8] y) {
     c = Conv (b, w3)
     s = Add (c, r)
     y = Conv (s, w4)
-}""" % {"w": ",".join(["0.1"] * 16)}
+}""".replace("%(w)s", ",".join(["0.1"] * 16))
 
 
 def test_blocks_never_cut_a_residual_branch() -> None:

@@ -42,8 +42,8 @@ def test_tiny_cnn_float_matches_onnxruntime(tmp_path) -> None:
 # one small graph per op family, written as text (attributes at their defaults and set)
 _CASES = {
     "conv_asym_pads_stride_group": ("float[1,4,9,9] x", "float[1,4,5,5] y", """
-        w = Constant <value = float[4,2,3,3] {%s}> ()
-        y = Conv <pads = [1, 0, 2, 1], strides = [2, 2], group = 2> (x, w)""" % ",".join(["0.1"] * 72)),
+        w = Constant <value = float[4,2,3,3] {W}> ()
+        y = Conv <pads = [1, 0, 2, 1], strides = [2, 2], group = 2> (x, w)""".replace("W", ",".join(["0.1"] * 72))),
     "gemm_trans": ("float[2,3] x", "float[2,4] y", """
         b = Constant <value = float[4,3] {1,2,3,4,5,6,7,8,9,10,11,12}> ()
         c = Constant <value = float[4] {1,2,3,4}> ()
