@@ -25,14 +25,20 @@ class OpRule:
     passive: bool = False  # moves / selects data only: its outputs share input 0's scale (OVERLAPPED)
     data_inputs: tuple[int, ...] | None = (0,)  # inputs carrying tensor data (None: all); the rest
     # (Resize scales, Clip bounds, PRelu slope ...) stay as they are
+    manual: bool = False   # on the NPU only when layer_configs asks (see MANUAL_OPS)
+    fused: bool = False    # computed inside the producer's requantization (see FUSED_ACTIVATIONS)
+    lut: bool = False      # an element-wise function of one tensor: one lookup table (see UNARY_LUT_OPS)
+    scalar_at: tuple[int, ...] = ()  # inputs where a float scalar constant may sit (SCALAR_ARITHMETIC)
+    mixed_precision: bool = False    # a candidate of the auto mixed-precision search (it computes)
 
 
-QUANT_OPS: dict[str, OpRule] = {}
+# Everything the quant stage knows about an op type, one entry per op: adding an op is one call.
+OPS: dict[str, OpRule] = {}
 
 
 def register(op_types: str | tuple[str, ...], rule: OpRule) -> None:
     for op in (op_types,) if isinstance(op_types, str) else op_types:
-        QUANT_OPS[op] = rule
+        OPS[op] = rule
 
 
 def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
@@ -42,35 +48,45 @@ def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
     return default
 
 
-register("Conv", OpRule(weights={1: lambda n, r: 0}, bias=2, fusable_activation=True, data_inputs=None))
-register("ConvTranspose", OpRule(weights={1: lambda n, r: 1}, bias=2, fusable_activation=True, data_inputs=None))
+_LUT = dict(lut=True)
+register("Conv", OpRule(weights={1: lambda n, r: 0}, bias=2, fusable_activation=True, data_inputs=None,
+                        mixed_precision=True))
+register("ConvTranspose", OpRule(weights={1: lambda n, r: 1}, bias=2, fusable_activation=True, data_inputs=None,
+                                 mixed_precision=True))
 register("Gemm", OpRule(weights={1: lambda n, r: 0 if _attr(n, "transB", 0) else 1}, bias=2,
-                        fusable_activation=True, data_inputs=None))
-register("MatMul", OpRule(weights={1: lambda n, r: r - 1}, fusable_activation=True, data_inputs=None))
-register(("Add", "Sub", "Mul"), OpRule(fusable_activation=True, data_inputs=None))
-register("Concat", OpRule(data_inputs=None))
-register(("Relu", "Clip", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu",
-          "AveragePool", "GlobalAveragePool", "Resize"), OpRule())
+                        fusable_activation=True, data_inputs=None, mixed_precision=True))
+register("MatMul", OpRule(weights={1: lambda n, r: r - 1}, fusable_activation=True, data_inputs=None,
+                          mixed_precision=True))
+register(("Add", "Mul"), OpRule(fusable_activation=True, data_inputs=None, scalar_at=(0, 1), mixed_precision=True))
+register("Sub", OpRule(fusable_activation=True, data_inputs=None, scalar_at=(1,), mixed_precision=True))
+register("Concat", OpRule(data_inputs=None, mixed_precision=True))
+register(("Relu", "Clip"), OpRule(fused=True, lut=True))
+register(("LeakyRelu", "Elu"), OpRule(lut=True))
+register(("Sigmoid", "HardSigmoid", "HardSwish", "Tanh"), OpRule(lut=True, mixed_precision=True))
+register("PRelu", OpRule())
+register(("AveragePool", "GlobalAveragePool", "Resize"), OpRule(mixed_precision=True))
 # Passive ops: no arithmetic, so they need no requantization; they run on the NPU next to quantized
 # neighbours and on the CPU next to float ones.
 register(("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Pad", "MaxPool",
           "GlobalMaxPool", "DepthToSpace", "SpaceToDepth", "Identity"), OpRule(passive=True))
-
 # Manual ops: the NPU can run them, but at 8 bits they usually cost accuracy (exponentials,
 # normalizations, divisions), so they stay on the CPU in float unless a layer_configs entry selects
 # them with a quantized data_type. Only the data input and the outputs are quantized then.
-MANUAL_OPS: dict[str, OpRule] = {op: OpRule() for op in (
-    "Softmax", "LayerNormalization", "Gelu", "FastGelu", "Exp", "Log", "Sqrt", "Reciprocal", "Erf",
-    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Div", "Pow", "InstanceNormalization")}
+register(("Softmax", "LayerNormalization", "Gelu", "FastGelu", "Exp", "Log", "Sqrt", "Reciprocal", "Erf",
+          "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Pow", "InstanceNormalization"), OpRule(manual=True))
+register("Div", OpRule(manual=True, scalar_at=(1,)))
 
+# Views of the registry, by the question they answer
+QUANT_OPS: dict[str, OpRule] = {op: r for op, r in OPS.items() if not r.manual}
+MANUAL_OPS: dict[str, OpRule] = {op: r for op, r in OPS.items() if r.manual}
 # Activations an NPU computes inside the producing op's requantization step.
-FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
-
+FUSED_ACTIVATIONS = frozenset(op for op, r in OPS.items() if r.fused)
 # Element-wise functions of one tensor that an NPU evaluates as one lookup table: a chain of them
 # (HardSwish -> Mul by a scalar -> Add a scalar, the "learnable affine" blocks of PP-LCNet) is a
 # single table, so only the chain's output is quantized, not each link.
-UNARY_LUT_OPS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu"})
-SCALAR_ARITHMETIC = {"Mul": (0, 1), "Add": (0, 1), "Sub": (1,), "Div": (1,)}  # op -> where the scalar may be
+UNARY_LUT_OPS = frozenset(op for op, r in OPS.items() if r.lut)
+SCALAR_ARITHMETIC = {op: r.scalar_at for op, r in OPS.items() if r.scalar_at}  # op -> where the scalar may be
+COMPUTE_OPS = frozenset(op for op, r in OPS.items() if r.mixed_precision)
 
 
 def scalar_operand_input(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> int | None:

@@ -19,13 +19,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from pulsar.core.ort_options import reference_session_options
 from pulsar.quant.analysis import analyze
-from pulsar.runtime.session import reference_session_options
+from pulsar.quant.ops import COMPUTE_OPS as _OP_COMPUTE
 
 log = logging.getLogger(__name__)
 
-COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "AveragePool",
-                         "GlobalAveragePool", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Resize", "Concat"})
+# ops the search may raise to 16 bits: those that compute (see OpRule.mixed_precision)
+COMPUTE_OPS = _OP_COMPUTE
 
 
 @dataclass
