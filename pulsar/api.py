@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pulsar.config import load_build_config
 from pulsar.context import BuildContext
@@ -19,6 +19,11 @@ from pulsar.utils.atomic import atomic_write_text
 from pulsar.utils.outdir import BuildOutput, check_dir_path
 from pulsar.utils.scratch import use_scratch
 from pulsar.utils.signals import terminate_as_interrupt
+
+if TYPE_CHECKING:
+    import onnx
+
+    from pulsar.compiler.stage import CompilerOutput
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +89,21 @@ def build(input: str | Path | None = None, output_dir: str | Path | None = None,
     return result
 
 
+def _run_compiled(ctx: BuildContext, qmodel: onnx.ModelProto, compiled: CompilerOutput) -> None:
+    """The runs of the compiled model in the simulator that belong to the compile step: compiler.check,
+    then the NPUBackend precision analysis (both lower the QDQ model again as the compiler did)."""
+    cfg = ctx.cfg
+    if cfg.compiler.check:
+        from pulsar.runtime.check import check_compiled
+
+        check_compiled(ctx, compiled.path, compiled.deployed, compiled.sub_configs, compiled.cpu_nodes)
+    if cfg.quant.precision_analysis and cfg.quant.precision_analysis_mode == "NPUBackend":
+        from pulsar.runtime.analysis import run_npu_backend_analysis
+
+        qjson = json.loads(ctx.path("quant", "quant_config.json").read_text())
+        run_npu_backend_analysis(ctx, qmodel, qjson, ctx.analysis_samples, compiled.sub_configs, compiled.cpu_nodes)
+
+
 def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -> BuildResult:
     from pulsar.compiler.stage import run_compiler
     from pulsar.frontend.stage import run_frontend
@@ -100,13 +120,14 @@ def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -
         qmodel = run_quant(ctx)
     with st.stage("compile"):
         compiled = run_compiler(ctx, qmodel)
+        _run_compiled(ctx, qmodel, compiled)
     ctx.artifacts["build log"] = ctx.path("build.log")
     show(table("Artifacts", ["artifact", "path"], [(k, str(ctx.shown(v))) for k, v in ctx.artifacts.items()]),
          quiet=ctx.quiet)
     rows = [(k, f"{v:.2f}") for k, v in st.times.items()] + [("total", f"{time.perf_counter() - t0:.2f}")]
     show(table("Stage times (s)", ["stage", "seconds"], rows), quiet=ctx.quiet)
     final = ctx.final_output_dir or ctx.output_dir
-    return BuildResult(output_dir=final, compiled_model=ctx.shown(compiled),
+    return BuildResult(output_dir=final, compiled_model=ctx.shown(compiled.path),
                        quantized_model=final / "quant" / "quantized.onnx",
                        quant_config=final / "quant" / "quant_config.json",
                        optimized_model=final / "frontend" / "optimized.onnx", config=data,

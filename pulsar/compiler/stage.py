@@ -1,6 +1,7 @@
 """Compiler stage: processors attached, the QDQ graph lowered to NPU integer programs and CPU
 subgraphs (pulsar/compiler/lower), the performance estimated on the target profile, everything
-packaged into the compiled model (pulsar/compiler/package.py) and checked (pulsar/compiler/check.py).
+packaged into the compiled model (pulsar/core/container.py). The build then runs it in the simulator:
+compiler.check (pulsar/runtime/check.py) and the NPUBackend precision analysis (pulsar/runtime/analysis.py).
 """
 
 from __future__ import annotations
@@ -8,14 +9,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
 from pulsar import __version__
-from pulsar.compiler.analysis import run_npu_backend_analysis
-from pulsar.compiler.check import check_compiled
 from pulsar.compiler.cost import estimate_model
 from pulsar.compiler.lower import LoweredModel, LowerOptions, fallback_report, lower_qdq_model
 from pulsar.compiler.lower.model import SubRange
@@ -27,10 +27,10 @@ from pulsar.compiler.op_counts import (
     reconcile,
     subgraph_rows,
 )
-from pulsar.compiler.package import package, tensor_infos
 from pulsar.compiler.targets import load_profile
 from pulsar.compiler.trace import SUMMARY_COLUMNS, chrome_trace, summary_rows
 from pulsar.context import BuildContext
+from pulsar.core.container import package, tensor_infos
 from pulsar.frontend.processors import attach_input_processors, attach_output_processors
 from pulsar.quant.samples import calibration_normalization
 from pulsar.ui import show, table
@@ -133,8 +133,18 @@ def _estimate(ctx: BuildContext, lowered: LoweredModel) -> dict[str, Any]:
             "time_ms": round(float(est.time_ms), 6), "macs": int(est.macs)}
 
 
-def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
-    """Lower the quantized graph to NPU integer programs and CPU subgraphs, package, estimate, check."""
+@dataclass
+class CompilerOutput:
+    """The compiled model and how it was lowered (what compiler.check lowers again)."""
+
+    path: Path
+    deployed: onnx.ModelProto  # the quantized graph with the processors attached, as lowered
+    sub_configs: list[SubRange]
+    cpu_nodes: dict[str, str]  # node -> why the quantization placed it on the CPU
+
+
+def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> CompilerOutput:
+    """Lower the quantized graph to NPU integer programs and CPU subgraphs, estimate, package."""
     cfg = ctx.cfg
     meta: dict[str, Any] = {
         "target_hardware": cfg.target_hardware,
@@ -173,9 +183,4 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> Path:
                    opset_imports=lowered.opset_imports, metadata=meta, path=ctx.path(cfg.output_name),
                    ir_version=deployed.ir_version)
     ctx.artifacts["compiled model"] = path
-    if cfg.compiler.check:
-        check_compiled(ctx, path, deployed, subs, cpu_nodes)
-    if cfg.quant.precision_analysis and cfg.quant.precision_analysis_mode == "NPUBackend":
-        qjson = json.loads(ctx.path("quant", "quant_config.json").read_text())
-        run_npu_backend_analysis(ctx, qmodel, qjson, ctx.analysis_samples, subs, cpu_nodes)
-    return path
+    return CompilerOutput(path, deployed, subs, cpu_nodes)

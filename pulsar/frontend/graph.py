@@ -14,29 +14,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from pulsar.core.graph import outer_scope_inputs, subgraphs
+
 DEFAULT_DOMAINS = ("", "ai.onnx")
-
-
-def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    """Graphs held in a node's attributes (If / Loop / Scan bodies)."""
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def outer_scope_inputs(graph: onnx.GraphProto) -> set[str]:
-    """Names a (sub)graph reads without defining them: outer-scope references."""
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(n for n in node.input if n)
-        for sub in subgraphs(node):
-            used |= outer_scope_inputs(sub)
-        defined.update(node.output)
-    used.update(o.name for o in graph.output)
-    return used - defined
 
 
 def node_inputs(node: onnx.NodeProto) -> list[str]:

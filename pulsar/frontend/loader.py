@@ -15,8 +15,9 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import version_converter
 
+from pulsar.core.graph import subgraphs
 from pulsar.errors import PulsarError
-from pulsar.frontend.graph import DEFAULT_DOMAINS, all_node_names, subgraphs, unique_name
+from pulsar.frontend.graph import DEFAULT_DOMAINS, all_node_names, unique_name
 from pulsar.frontend.shapes import (  # noqa: F401  (re-exported: the loader is the frontend's entry point)
     apply_input_shapes,
     infer_shapes,

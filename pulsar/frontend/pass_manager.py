@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from pulsar.core.graph import subgraphs
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.frontend.check import Sample, compare_models, compare_outputs, random_samples, run
-from pulsar.frontend.graph import DEFAULT_DOMAINS, subgraphs
+from pulsar.frontend.graph import DEFAULT_DOMAINS
 from pulsar.frontend.passes import DEFAULT_PASSES, PASSES
 from pulsar.frontend.shapes import infer_shapes
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import onnx
 
-from pulsar.frontend.graph import DEFAULT_DOMAINS, TypeInfo, attr, subgraphs
+from pulsar.core.graph import subgraphs
+from pulsar.frontend.graph import DEFAULT_DOMAINS, TypeInfo, attr
 from pulsar.frontend.pass_manager import op_histogram
 from pulsar.frontend.shapes import infer_shapes
 

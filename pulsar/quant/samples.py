@@ -24,10 +24,10 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from pulsar.core.tensor_io import read_inputs, tensor_file_stem
+from pulsar.core.tensors import TensorInfo, tensor_info
 from pulsar.errors import PulsarError
 from pulsar.frontend.processors import attach_input_processors
-from pulsar.runtime.io import read_inputs, tensor_file_stem
-from pulsar.runtime.session import TensorInfo, tensor_info
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """``pulsar info``: what a compiled model takes and returns, how it is split, what it was built for.
 
-Everything comes from the file (checked by :func:`pulsar.compiler.package.load_compiled`): the
+Everything comes from the file (checked by :func:`pulsar.core.container.load_compiled`): the
 graph's inputs / outputs, the subgraph nodes and the ``pulsar.*`` metadata the build recorded. The
 tables show user text (tensor names, paths) literally.
 """
@@ -14,7 +14,7 @@ from typing import cast
 
 from rich.table import Table
 
-from pulsar.compiler.package import FORMAT_NAME, CompiledModel, load_compiled, tensor_infos
+from pulsar.core.container import FORMAT_NAME, CompiledModel, load_compiled, tensor_infos
 from pulsar.ui import table
 
 

@@ -184,3 +184,9 @@ def human_bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.3g} {unit}"
     return f"{n} bytes"
+
+
+def read_list_file(list_path: str | os.PathLike[str], input_dir: str | os.PathLike[str]) -> list[Path]:
+    """Sample directories listed one a line (relative to ``input_dir`` or absolute); see
+    :func:`read_sample_list` for their output names."""
+    return [e.sample_dir for e in read_sample_list(list_path, input_dir)]

@@ -87,9 +87,10 @@ def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Pat
     created = prepare_output_dir(out)  # removed again if the run fails
     try:
         # imported only now: flag mistakes above are reported without loading onnx / onnxruntime
-        from pulsar.compiler.package import load_compiled
-        from pulsar.runtime.io import random_inputs, read_inputs
-        from pulsar.runtime.session import Session, batched_inputs, check_mode, tensor_info
+        from pulsar.core.container import load_compiled
+        from pulsar.core.tensor_io import random_inputs, read_inputs
+        from pulsar.core.tensors import tensor_info
+        from pulsar.runtime.session import Session, batched_inputs, check_mode
 
         check_mode(mode)
         compiled = load_compiled(paths["--model"])
@@ -112,7 +113,7 @@ def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Pat
 
 def _execute(session, out: Path, entries: list, first: dict | None, batch_size: int, perlayer: bool,
              workers: int | None) -> RunResult:
-    from pulsar.runtime.io import read_inputs, write_outputs
+    from pulsar.core.tensor_io import read_inputs, write_outputs
     from pulsar.runtime.parallel import default_workers
     from pulsar.runtime.paths import inside
 

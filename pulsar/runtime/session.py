@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,42 +27,16 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from pulsar.compiler.package import SUBGRAPH_KINDS, CompiledModel, Subgraph, load_compiled
+from pulsar.core.container import SUBGRAPH_KINDS, CompiledModel, Subgraph, load_compiled
+from pulsar.core.int_ops import INT_DOMAIN
+from pulsar.core.ort_options import reference_session_options
+from pulsar.core.tensors import TensorInfo, shape_matches, tensor_info
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.runtime.parallel import map_samples
 
 log = logging.getLogger(__name__)
 
-_CUSTOM_DOMAINS = {k.domain for k in SUBGRAPH_KINDS.values()} | {"pulsar.int"}
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """A model input or output. A dimension of -1 is dynamic (any size is accepted)."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-
-def tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
-    t = value.type.tensor_type
-    shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
-    return TensorInfo(value.name, shape, np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))
-
-
-def shape_matches(expected: tuple[int, ...], got: tuple[int, ...]) -> bool:
-    return len(expected) == len(got) and all(e < 0 or e == g for e, g in zip(expected, got, strict=True))
-
-
-def reference_session_options() -> ort.SessionOptions:
-    """onnxruntime options for float-simulated quantization (QDQ kept as float math)."""
-    opts = ort.SessionOptions()
-    opts.add_session_config_entry("session.disable_quant_qdq", "1")
-    # no busy-waiting worker threads between runs: they would compete with the simulator's torch threads
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.log_severity_level = 3
-    return opts
+_CUSTOM_DOMAINS = {k.domain for k in SUBGRAPH_KINDS.values()} | {INT_DOMAIN}
 
 
 def check_mode(mode: str) -> None:

@@ -14,9 +14,10 @@ import pytest
 from onnx import numpy_helper
 
 import pulsar
-from pulsar.compiler.container_schema import decode_value, encode_value
-from pulsar.compiler.integrity import CHECKSUM_KEY, sealed_bytes
-from pulsar.compiler.package import load_compiled
+from pulsar.config.schema import load_schema, resolve
+from pulsar.core.container import load_compiled
+from pulsar.core.container_schema import SUB_CONFIG_KEY, decode_value, encode_value, option_schemas
+from pulsar.core.integrity import CHECKSUM_KEY, sealed_bytes
 from pulsar.errors import PulsarError
 from pulsar.runtime import Session
 
@@ -224,7 +225,7 @@ def test_newer_format_with_valid_checksum(copy):
 
 def test_caller_metadata_is_free_but_known_keys_are_typed(tmp_path, compiled):
     loaded = load_compiled(compiled)
-    from pulsar.compiler.package import package
+    from pulsar.core.container import package
 
     common = dict(inputs=list(loaded.model.graph.input), outputs=list(loaded.model.graph.output),
                   opset_imports=list(loaded.model.opset_import))
@@ -243,3 +244,13 @@ def test_loaded_model_runs_like_the_original(copy, compiled):
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
     onnx.save(onnx.load(str(copy)), str(copy))
     np.testing.assert_array_equal(Session(copy).run({"image": x})["logits"], Session(compiled).run({"image": x})["logits"])
+
+
+def test_subgraph_options_are_the_build_configs_compiler_options():
+    """core reads the build-config schema file itself (it imports no stage); it must see what the config stage sees."""
+    props = resolve(load_schema()["$defs"]["CompilerOptions"])["properties"]
+    want = {k: {key: v for key, v in resolve(s).items() if key not in ("default", "description")}
+            for k, s in props.items()}
+    got = option_schemas()
+    assert {k: v for k, v in got.items() if k != SUB_CONFIG_KEY} == want
+    assert "lut_items_in_bits" in got and SUB_CONFIG_KEY in got

@@ -13,10 +13,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from pulsar.compiler.cost import estimate, estimate_model
-from pulsar.compiler.package import Subgraph
 from pulsar.compiler.targets import load_profile
 from pulsar.compiler.trace import SUMMARY_COLUMNS, chrome_trace, summary_rows
 from pulsar.compiler.workload import workloads
+from pulsar.core.container import Subgraph
 from pulsar.errors import PulsarError
 
 U8, I8, I16, I32, I64 = TensorProto.UINT8, TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64

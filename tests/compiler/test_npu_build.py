@@ -11,9 +11,9 @@ import pytest
 from onnx import numpy_helper
 
 import pulsar
-from pulsar.compiler.check import compare, integer_reference
-from pulsar.compiler.integrity import sealed_bytes
+from pulsar.core.integrity import sealed_bytes
 from pulsar.errors import PulsarError
+from pulsar.runtime.check import compare, integer_reference
 from pulsar.runtime.session import Session
 
 
@@ -48,7 +48,7 @@ def test_modes_agree_and_reference_equals_qdq(built):
     res, _ = built
     import onnxruntime as ort
 
-    from pulsar.runtime.session import reference_session_options
+    from pulsar.core.ort_options import reference_session_options
 
     npu, ref = Session(res.compiled_model), Session(res.compiled_model, mode="Reference")
     qdq = ort.InferenceSession(str(res.quantized_model), reference_session_options(),

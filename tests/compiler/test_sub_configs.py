@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 import pulsar
 from pulsar.compiler.lower import LowerOptions, lower_qdq_model
 from pulsar.compiler.lower.model import SubRange
-from pulsar.compiler.package import load_compiled
 from pulsar.config.validate import ConfigError
+from pulsar.core.container import load_compiled
 from pulsar.errors import PulsarError
 from pulsar.runtime.session import Session
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 import pulsar
-from pulsar.runtime.session import reference_session_options
+from pulsar.core.ort_options import reference_session_options
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import onnxruntime as ort
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
 import pulsar
-from pulsar.runtime.session import reference_session_options
+from pulsar.core.ort_options import reference_session_options
 
 
 def test_pulsar_qdq_model_round_trips_with_its_scales(tmp_path, tiny, tiny_config):

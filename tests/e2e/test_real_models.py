@@ -21,7 +21,7 @@ from examples.assets import (
     ppocr_charset,
     render_text_lines,
 )
-from pulsar.runtime.session import reference_session_options
+from pulsar.core.ort_options import reference_session_options
 
 pytestmark = pytest.mark.slow
 EVAL_N = 100

@@ -20,7 +20,7 @@ import onnx
 import pytest
 
 import pulsar
-from pulsar.compiler.integrity import sealed_bytes
+from pulsar.core.integrity import sealed_bytes
 from tests.hostile.harness import Case, Snapshot, assert_clean_failure, run_cli
 
 SHAPE = (1, 3, 16, 16)

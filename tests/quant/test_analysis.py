@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 import pulsar
+from pulsar.core.ort_options import reference_session_options
 from pulsar.errors import PulsarError
 from pulsar.quant.analysis import (
     Accumulator,
@@ -28,7 +29,6 @@ from pulsar.quant.analysis import (
     write_mermaid,
     write_table,
 )
-from pulsar.runtime.session import reference_session_options
 
 N_SAMPLES = 6
 BAD = "residual"      # the layer made deliberately bad: its output tensor gets a huge scale

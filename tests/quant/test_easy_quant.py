@@ -11,10 +11,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import pulsar
+from pulsar.core.ort_options import reference_session_options
 from pulsar.errors import PulsarError
 from pulsar.quant.algorithms.easy_quant import EasyQuantReport, easy_quant, update_params
 from pulsar.quant.scheme import TensorQuant
-from pulsar.runtime.session import reference_session_options
 
 SHAPE = (1, 3, 16, 16)
 LAYERS = ["conv1", "conv2", "conv3", "fc", "mm"]

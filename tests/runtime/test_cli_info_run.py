@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import pulsar
-from pulsar.compiler.package import load_compiled
+from pulsar.core.container import load_compiled
 from tests.hostile.harness import assert_clean_failure, run_cli
 
 

@@ -5,15 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pulsar.core.tensor_io import random_inputs, read_inputs, tensor_file_stem, write_outputs
 from pulsar.errors import PulsarError
 from pulsar.runtime import TensorInfo
-from pulsar.runtime.io import (
-    random_inputs,
-    read_inputs,
-    read_list_file,
-    tensor_file_stem,
-    write_outputs,
-)
+from pulsar.runtime.paths import read_list_file
 
 IMAGES = TensorInfo("images:0/x", (1, 3, 4, 4), np.dtype(np.float32))
 IDS = TensorInfo("ids", (2, 5), np.dtype(np.int64))

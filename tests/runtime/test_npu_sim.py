@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pulsar.compiler.fixedpoint import quantize_multiplier
+from pulsar.core.fixedpoint import quantize_multiplier
 from pulsar.errors import PulsarError
 from pulsar.runtime.npu_sim import NpuProgram, body_ops, supported_ops, unsupported_ops
 from tests.runtime.kernels import intref

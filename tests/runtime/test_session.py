@@ -8,10 +8,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pulsar.compiler.package import Subgraph, load_compiled, package, package_qdq_model
+from pulsar.compiler.package import package_qdq_model
+from pulsar.core.container import Subgraph, load_compiled, package
+from pulsar.core.ort_options import reference_session_options
 from pulsar.errors import PulsarError
 from pulsar.runtime import Session, TensorInfo
-from pulsar.runtime.session import reference_session_options
 
 OPSET = [helper.make_opsetid("", 17)]
 

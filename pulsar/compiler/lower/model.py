@@ -7,7 +7,7 @@ from typing import Any
 
 import onnx
 
-from pulsar.compiler.package import Subgraph
+from pulsar.core.container import Subgraph
 
 
 @dataclass

@@ -24,7 +24,7 @@ from pulsar.compiler.lower.model import Fallback, LoweredModel, LoweredOp, Lower
 from pulsar.compiler.lower.placement import Unit, place, weight_dq_outputs
 from pulsar.compiler.lower.qdq_graph import QdqGraph, TensorType, is_q
 from pulsar.compiler.lower.rules import INT_DOMAIN
-from pulsar.compiler.package import Subgraph
+from pulsar.core.container import Subgraph
 from pulsar.errors import PulsarError
 from pulsar.frontend.graph import node_inputs
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import onnx
 
-from pulsar.frontend.graph import subgraphs
+from pulsar.core.graph import subgraphs
 
 
 def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:

@@ -36,6 +36,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from pulsar.core.tensors import shape_matches, tensor_info
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.quant.algorithms.qdq_layers import (
     LAYER_OPS,
@@ -57,7 +58,6 @@ from pulsar.quant.algorithms.qdq_layers import (
 )
 from pulsar.quant.ops import QUANT_OPS
 from pulsar.quant.scheme import MIN_SCALE, TensorQuant, bias_quant
-from pulsar.runtime.session import shape_matches, tensor_info
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from pulsar.core.ort_options import reference_session_options
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.quant.ops import FUSED_ACTIVATIONS
 from pulsar.quant.scheme import MIN_SCALE
-from pulsar.runtime.session import reference_session_options
 
 # Searched op types -> the output axis that holds the weight's per-channel axis (output channels).
 LAYER_OPS: dict[str, int] = {"Conv": 1, "Gemm": -1, "MatMul": -1}

@@ -29,7 +29,7 @@ quantized) over a stream of samples (see :mod:`pulsar.quant.analysis.metrics`). 
     own error, and the Relu's row shows the output quantization added on top of exact inputs.
 
 EndToEnd uses the same merged graph without the rewiring, so both methods cost one session.
-Reference execution: onnxruntime with :func:`pulsar.runtime.session.reference_session_options`
+Reference execution: onnxruntime with :func:`pulsar.core.ort_options.reference_session_options`
 (QDQ fusion off, so Q/DQ run as float math).
 """
 
@@ -47,9 +47,9 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from pulsar.core.ort_options import reference_session_options
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.quant.analysis.metrics import Accumulator
-from pulsar.runtime.session import reference_session_options
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-INT_DOMAIN = "pulsar.int"
+from pulsar.core.int_ops import INT_DOMAIN
+
 STD_DOMAIN = ""
 
 Kernel = Callable[[list[np.ndarray | None]], list[np.ndarray]]

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pulsar.compiler.fixedpoint import MAX_SHIFT, rshift_round
+from pulsar.core.fixedpoint import MAX_SHIFT, rshift_round
 from pulsar.errors import PulsarError
 
 # ONNX TensorProto element types allowed as integer outputs (the ``to`` attribute).

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pulsar.compiler.fixedpoint import rshift_round
+from pulsar.core.fixedpoint import rshift_round
 from pulsar.errors import PulsarError
 from pulsar.runtime.kernels import INT_DOMAIN, Kernel, register
 from pulsar.runtime.kernels.common import OutSpec, as_int64, check_shift, int_attr, round_div

@@ -20,10 +20,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import pulsar
 from pulsar.compiler.lower import INT_DOMAIN, LowerOptions, lower_qdq_model
-from pulsar.compiler.package import Subgraph, load_compiled, package
+from pulsar.core.container import Subgraph, load_compiled, package
+from pulsar.core.ort_options import reference_session_options
 from pulsar.errors import PulsarError
 from pulsar.runtime.npu_sim import NpuProgram
-from pulsar.runtime.session import reference_session_options
+from tests.compiler.test_int_ops import body_model
 
 INT_TYPES = {TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16, TensorProto.INT16, TensorProto.INT32,
              TensorProto.INT64}
@@ -346,6 +347,8 @@ def test_subgraphs_in_order_reproduce_the_qdq_model_exactly(built, which):
             assert [(v.name, v.type) for v in ref.input] == [(v.name, v.type) for v in sg.graph.input]
             assert [(v.name, v.type) for v in ref.output] == [(v.name, v.type) for v in sg.graph.output]
             assert {n.domain for n in sg.graph.node} <= {INT_DOMAIN, ""}
+            # the pulsar.int schemas (pulsar/core/int_ops.py) cover every op and attribute the lowering writes
+            onnx.checker.check_model(body_model(sg.graph, lowered.opset_imports, qmodel.ir_version), full_check=True)
 
 
 def test_tiny_cnn_structure_and_agreement(built, tmp_path):

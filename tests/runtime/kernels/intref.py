@@ -24,7 +24,7 @@ def raw_attrs(attrs: dict) -> dict:
 
 def fit_multipliers(acc: np.ndarray, channel_axis: int | None, out_dtype, rng: np.random.Generator):
     """(M, N) per channel scaling max|acc| to 40-90% of the output half-range (varied outputs)."""
-    from pulsar.compiler.fixedpoint import quantize_multiplier
+    from pulsar.core.fixedpoint import quantize_multiplier
 
     a = np.abs(acc.astype(np.float64))
     peak = a.max() if channel_axis is None else np.moveaxis(a, channel_axis, 0).reshape(a.shape[channel_axis], -1).max(1)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from onnx import helper
 
-from pulsar.compiler.fixedpoint import quantize_multiplier
+from pulsar.core.fixedpoint import quantize_multiplier
 from pulsar.runtime.kernels import KERNELS
 from pulsar.runtime.kernels.common import FLOAT64_EXACT, OutSpec, Requant, to_torch
 from pulsar.runtime.kernels.conv import _Weights

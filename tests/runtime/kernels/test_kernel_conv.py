@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pulsar.compiler.fixedpoint import quantize_multiplier
+from pulsar.core.fixedpoint import quantize_multiplier
 from pulsar.errors import PulsarError
 from pulsar.runtime.kernels import KERNELS
 from pulsar.runtime.kernels.common import accum_float

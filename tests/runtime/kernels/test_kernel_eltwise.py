@@ -68,7 +68,7 @@ def test_qmul_matches_reference(name):
     a, b = randint(ashape, adt), randint(bshape, bdt)
     peak = float(np.iinfo(adt).max - np.iinfo(adt).min) * float(np.iinfo(bdt).max - np.iinfo(bdt).min)
     half = (int(np.iinfo(odt).max) - int(np.iinfo(odt).min)) / 2
-    from pulsar.compiler.fixedpoint import quantize_multiplier
+    from pulsar.core.fixedpoint import quantize_multiplier
 
     m, n = quantize_multiplier(RNG.uniform(0.5, 2.0, size=mshape) * half / peak, int(peak))
     attrs = {"a_zp": a_zp, "b_zp": b_zp, **intref.out_attrs(odt, ozp)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pulsar.compiler.fixedpoint import quantize_multiplier
+from pulsar.core.fixedpoint import quantize_multiplier
 from tests.runtime.kernels import intref
 
 RNG = np.random.default_rng(11)

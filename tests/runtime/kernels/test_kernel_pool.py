@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from pulsar.compiler.fixedpoint import quantize_multiplier
+from pulsar.core.fixedpoint import quantize_multiplier
 from tests.runtime.kernels import intref
 
 RNG = np.random.default_rng(13)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pulsar.compiler.fixedpoint import quantize_multiplier
+from pulsar.core.fixedpoint import quantize_multiplier
 from pulsar.runtime.kernels.layernorm import isqrt
 from tests.runtime.kernels import intref
 

@@ -17,11 +17,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from pulsar.compiler.fixedpoint import quantize_multiplier
 from pulsar.compiler.lower.qdq_graph import ACTIVATION_TYPES, QdqGraph, QParams, TensorType
+from pulsar.core.fixedpoint import quantize_multiplier
+from pulsar.core.int_ops import INT_DOMAIN
 from pulsar.errors import PulsarError
 
-INT_DOMAIN = "pulsar.int"
 INT64_LIMIT = 2**62
 
 

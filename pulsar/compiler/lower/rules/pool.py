@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 
-from pulsar.compiler.fixedpoint import quantize_multiplier
 from pulsar.compiler.lower.rules.base import LowerCtx, Unsupported, rule
 from pulsar.compiler.lower.rules.common import check_bound, explicit_pads
 from pulsar.compiler.lower.rules.movement import lower_passive
+from pulsar.core.fixedpoint import quantize_multiplier
 from pulsar.errors import PulsarError
 
 

@@ -1,4 +1,4 @@
-"""Tensor files for ``pulsar run``: one file per tensor, named after the tensor.
+"""Tensor files: one file per tensor, named after the tensor (``pulsar run``, sample directories).
 
 A tensor's file stem is its name with every character outside ``[A-Za-z0-9_-]`` replaced by
 ``_`` (``images:0/x`` -> ``images_0_x``), so names from any framework make valid file names.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pulsar.core.tensors import TensorInfo, shape_matches
 from pulsar.errors import PulsarError
-from pulsar.runtime.session import TensorInfo, shape_matches
 from pulsar.utils.atomic import atomic_save_npy
 
 log = logging.getLogger(__name__)
@@ -199,11 +199,3 @@ def write_outputs(output_dir: str | Path, outputs: dict[str, np.ndarray]) -> lis
         used.add(stem)
         written.append(atomic_save_npy(output_dir / f"{stem}.npy", value))
     return written
-
-
-def read_list_file(list_path: str | Path, input_dir: str | Path) -> list[Path]:
-    """Sample directories listed one a line (relative to ``input_dir`` or absolute); see
-    :func:`pulsar.runtime.paths.read_sample_list` for their output names."""
-    from pulsar.runtime.paths import read_sample_list
-
-    return [e.sample_dir for e in read_sample_list(list_path, input_dir)]

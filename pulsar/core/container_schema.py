@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from jsonschema.exceptions import ValidationError
 
 from pulsar.errors import did_you_mean
 
+BUILD_SCHEMA_FILE = "build_config.schema.json"  # in pulsar/schemas, as pulsar.config.schema.SCHEMA_FILE
 SUB_CONFIG_KEY = "sub_config"  # index of the compiler.sub_configs range a subgraph was lowered from
 
 
@@ -61,7 +63,7 @@ _TENSORS = {
     },
 }
 
-# Keys pulsar writes (pulsar/compiler/stage.py, package_qdq_model) and their types.
+# Keys pulsar writes (pulsar/compiler/stage.py, pulsar/compiler/package.py) and their types.
 METADATA_SCHEMA: dict[str, dict[str, Any]] = {
     "target_hardware": _STR,
     "npu_mode": _STR,
@@ -87,13 +89,28 @@ METADATA_SCHEMA: dict[str, dict[str, Any]] = {
 }
 
 
+def _resolve(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    """``node`` with a local ``$ref`` followed and the referenced node's properties merged in (as
+    :func:`pulsar.config.schema.resolve` reads the same file)."""
+    if "$ref" not in node:
+        return node
+    target: Any = root
+    for part in node["$ref"][2:].split("/"):
+        target = target[part]
+    base = _resolve(target, root)
+    merged = {**base, **{k: v for k, v in node.items() if k != "$ref"}}
+    merged["properties"] = {**base.get("properties", {}), **node.get("properties", {})}
+    return merged
+
+
 @lru_cache(maxsize=1)
 def option_schemas() -> dict[str, dict[str, Any]]:
-    """Option key -> JSON schema of its value: the build config's compiler options, and sub_config."""
-    from pulsar.config.schema import load_schema, resolve
-
-    props = resolve(load_schema()["$defs"]["CompilerOptions"]).get("properties", {})
-    out = {k: {key: v for key, v in resolve(s).items() if key not in ("default", "description")}
+    """Option key -> JSON schema of its value: the build config's compiler options (read from the
+    schema file the config stage derives everything from), and sub_config."""
+    text = resources.files("pulsar").joinpath("schemas").joinpath(BUILD_SCHEMA_FILE).read_text(encoding="utf-8")
+    root = json.loads(text)
+    props = _resolve(root["$defs"]["CompilerOptions"], root).get("properties", {})
+    out = {k: {key: v for key, v in _resolve(s, root).items() if key not in ("default", "description")}
            for k, s in props.items()}
     out[SUB_CONFIG_KEY] = _COUNT
     return out

@@ -1,6 +1,6 @@
 """Structural checks of a loaded compiled model, each failure one line naming the file and the entry.
 
-The checksum (:mod:`pulsar.compiler.integrity`) catches damage; these checks catch a file that is
+The checksum (:mod:`pulsar.core.integrity`) catches damage; these checks catch a file that is
 intact but not what pulsar writes (edited by hand or by another tool, or from a pulsar that wrote
 something this one does not know), before a run would trip over it with a ``KeyError``.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from pulsar.compiler.container_schema import metadata_problem, option_problem
+from pulsar.core.container_schema import metadata_problem, option_problem
 from pulsar.errors import PulsarError
 
 _FIX = "the file is corrupt or was edited: rebuild it"

@@ -18,13 +18,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from pulsar.compiler.check import lowered_session
 from pulsar.compiler.lower import LowerOptions
 from pulsar.compiler.lower.model import SubRange
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
 from pulsar.quant.analysis import LayerPrecision, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.analysis.metrics import Accumulator
+from pulsar.runtime.check import lowered_session
 from pulsar.ui import show
 from pulsar.utils.progress import progress_task
 

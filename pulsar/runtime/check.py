@@ -1,5 +1,8 @@
 """``compiler.check``: run the compiled model's integer program and compare it with a reference.
 
+Run by the build (pulsar/api.py) right after the compiler stage wrote the compiled model, in the same
+"compile" step; the NPUBackend precision analysis (:mod:`pulsar.runtime.analysis`) follows it.
+
 - check 1 (all-close, ``check_rtol`` / ``check_atol``) and 3 (cosine >= ``check_cosine_simularity``)
   compare the bit-exact simulation (NPUBackend) with the float QDQ reference (the compiled model's
   own reference bodies in onnxruntime): how far integer arithmetic is from float QDQ math.
@@ -29,14 +32,15 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.inliner
 
 from pulsar.compiler.lower import LowerOptions, lower_qdq_model
 from pulsar.compiler.lower.model import SubRange
-from pulsar.compiler.package import package
 from pulsar.context import BuildContext
+from pulsar.core.container import package
+from pulsar.core.tensor_io import random_inputs
 from pulsar.errors import PulsarError
 from pulsar.quant.samples import deployed_sample_dir
-from pulsar.runtime.io import random_inputs
 from pulsar.runtime.session import Session
 from pulsar.ui import show, table
 from pulsar.utils.progress import progress_task

@@ -68,4 +68,5 @@ def rshift_round(v: np.ndarray, n: np.ndarray | int) -> np.ndarray:
     v = np.asarray(v, dtype=np.int64)
     n = np.asarray(n, dtype=np.int64)
     half = np.where(n > 0, np.left_shift(np.int64(1), np.maximum(n - 1, 0)), 0)
-    return np.right_shift(v + half, n)
+    shifted: np.ndarray = np.right_shift(v + half, n)
+    return shifted

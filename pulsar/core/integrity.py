@@ -1,6 +1,6 @@
 """The compiled model's checksum: a bit flip anywhere in the file is an error, not a wrong answer.
 
-Scheme (see the container description in :mod:`pulsar.compiler.package`): the writer serializes the
+Scheme (see the container description in :mod:`pulsar.core.container`): the writer serializes the
 model without a checksum to bytes ``B`` and appends the serialized bytes of a tiny ``ModelProto``
 whose only content is one ``metadata_props`` entry ``pulsar.checksum`` = ``sha256:<hex of sha256(B)>``.
 Protobuf merges concatenated messages (a repeated field appends), so ``onnx.load`` and Netron read

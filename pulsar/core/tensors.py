@@ -1,0 +1,28 @@
+"""Model inputs and outputs as name, shape and numpy dtype (what sample files and feeds are checked against)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A model input or output. A dimension of -1 is dynamic (any size is accepted)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
+    t = value.type.tensor_type
+    shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
+    return TensorInfo(value.name, shape, np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))
+
+
+def shape_matches(expected: tuple[int, ...], got: tuple[int, ...]) -> bool:
+    return len(expected) == len(got) and all(e < 0 or e == g for e, g in zip(expected, got, strict=True))
