@@ -61,6 +61,7 @@ def resolve_device(value: str, field: str = "quant.device") -> torch.device:
 
 
 def _cache_key(ctx: BuildContext, qg: QuantGraph, settings: Settings, device: torch.device) -> str:
+    assert ctx.model is not None
     h = hashlib.sha256(ctx.model.SerializeToString())
     h.update(ctx.calibration.fingerprint().encode())
     h.update(json.dumps({"v": CACHE_VERSION, "settings": vars(settings), "device": device.type,
@@ -135,21 +136,25 @@ def run_finetune(ctx: BuildContext, qg: QuantGraph) -> None:
     rec = Reconstruction(exe, settings)
     reports: list[BlockReport] = []
     start = time.perf_counter()
+    spilled = 0
     try:
         for i, block in enumerate(blocks, 1):
             acts = block_activations(exe, block) if settings.algorithm == "lsq" else []
+            tgt = SampleStore(spill)
+            rec.float_outputs(block, fp, tgt)
             with progress_task(ctx.stages, f"{settings.algorithm} block {i}/{len(blocks)}", settings.steps) as task:
-                r = rec.block(i, block, fp, qs, acts, progress=task)
+                r = rec.block(i, block, fp, tgt, qs, acts, progress=task)
             reports.append(r)
             log.info("%s", _block_line(r, len(blocks)))
+            spilled = max(spilled, fp.spilled + tgt.spilled + qs.spilled)
+            fp.close()
+            fp = tgt  # the float block's outputs: the next block's float inputs
             if i < len(blocks):
-                fp_next, qs_next = SampleStore(spill), SampleStore(spill)
-                rec.advance(block, fp, qs, fp_next, qs_next)
-                fp.close()
+                qs_next = SampleStore(spill)
+                rec.advance(block, qs, qs_next)
                 qs.close()
-                fp, qs = fp_next, qs_next
+                qs = qs_next
     finally:
-        spilled = fp.spilled
         fp.close()
         qs.close()
     changed: list[str] = []

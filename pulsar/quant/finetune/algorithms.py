@@ -55,8 +55,8 @@ class Objective:
             return None
         t = (step - start) / max(1, steps - start)
         beta = BETA[1] + (BETA[0] - BETA[1]) * (1 - t)
-        terms = [rounding_regularizer(exe.weights[w].v, beta) for w in block.weights
-                 if exe.weights[w].v is not None]
+        vs = [v for w in block.weights if (v := exe.weights[w].v) is not None]
+        terms = [rounding_regularizer(v, beta) for v in vs]
         n = sum(exe.weights[w].w.numel() for w in block.weights)
         return REG_WEIGHT * torch.stack(terms).sum() / max(1, n) if terms else None
 

@@ -77,17 +77,18 @@ class Reconstruction:
                  for i in range(n)]
         return {k: torch.cat([p[k] for p in parts]) for k in names}
 
-    def _loss(self, block: Block, fp: SampleStore, q: SampleStore, idx: Sequence[int], targets: list[str],
+    def _loss(self, block: Block, tgt: SampleStore, q: SampleStore, idx: Sequence[int], targets: list[str],
               batched: bool) -> float:
         with torch.no_grad():
             total = 0.0
             for i in idx:
-                f = self._run(block, _batch(fp, [i], block.inputs, self.device), targets, False, batched)
                 o = self._run(block, _batch(q, [i], block.inputs, self.device), targets, True, batched)
-                total += float(_mse(o, f))
+                total += float(_mse(o, _batch(tgt, [i], targets, self.device)))
         return total / max(1, len(idx))
 
     def _check_batching(self, block: Block, fp: SampleStore) -> bool:
+        """Whether samples can be concatenated along axis 0 in this block (a Reshape that holds the
+        batch size 1 would mix them): the float block on two samples, together and apart."""
         if len(fp) < 2 or self.settings.batch_size < 2:
             return False
         feeds = _batch(fp, [0, 1], block.inputs, self.device)
@@ -100,14 +101,25 @@ class Reconstruction:
         return all(together[k].shape == apart[k].shape and torch.allclose(together[k], apart[k], atol=1e-5,
                                                                            rtol=1e-4) for k in apart)
 
-    def block(self, index: int, block: Block, fp: SampleStore, q: SampleStore, acts: list[str],
+    def float_outputs(self, block: Block, fp: SampleStore, out: SampleStore) -> None:
+        """The float block on every float input: the training targets (the objective's tensors) and
+        the next block's float inputs (the block outputs), computed once, not at every step."""
+        names = list(dict.fromkeys([*self.objective.targets(block), *block.outputs]))
+        with torch.no_grad():
+            for i in range(len(fp)):
+                f = self.exe.run(block.nodes, _batch(fp, [i], block.inputs, self.device), names, quant=False)
+                out.append({k: v.cpu().numpy() for k, v in f.items()})
+
+    def block(self, index: int, block: Block, fp: SampleStore, tgt: SampleStore, q: SampleStore, acts: list[str],
               progress: Callable[[int], None] | None = None) -> BlockReport:
+        """Train one block: ``fp`` its float inputs, ``tgt`` the float block's outputs on them
+        (:meth:`float_outputs`), ``q`` its quantized inputs."""
         start = time.perf_counter()
         exe, s, obj = self.exe, self.settings, self.objective
         targets = obj.targets(block)
         batched = self._check_batching(block, fp)
-        held = list(range(min(EVAL_SAMPLES, len(fp))))
-        before = self._loss(block, fp, q, held, targets, batched)
+        held = list(range(min(EVAL_SAMPLES, len(q))))
+        before = self._loss(block, tgt, q, held, targets, batched)
         saved_w = {w: exe.weight_values(w) for w in block.weights}
         saved_a = {a: exe.act_values(a) for a in acts}
         params = obj.prepare(exe, block, acts)
@@ -117,21 +129,20 @@ class Reconstruction:
         opt = torch.optim.Adam(params, lr=s.lr * obj.lr_factor())
         norm = max(before, 1e-12)
         for step in range(s.steps):
-            idx = self.rng.integers(0, len(fp), size=s.batch_size)
-            with torch.no_grad():
-                target = self._run(block, _batch(fp, idx, block.inputs, self.device), targets, False, batched)
+            idx = self.rng.integers(0, len(q), size=s.batch_size)
+            target = _batch(tgt, idx, targets, self.device)
             out = self._run(block, _batch(q, idx, block.inputs, self.device), targets, True, batched)
             loss = _mse(out, target) / norm
             reg = obj.regularizer(exe, block, step, s.steps)
             if reg is not None:
                 loss = loss + reg
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             if progress is not None:
                 progress(step + 1)
         obj.harden(exe, block)
-        after = self._loss(block, fp, q, held, targets, batched)
+        after = self._loss(block, tgt, q, held, targets, batched)
         rolled_back = not (after <= before) or not np.isfinite(after)
         if rolled_back:
             for w, (value, scale) in saved_w.items():
@@ -147,15 +158,12 @@ class Reconstruction:
                            after, rolled_back, time.perf_counter() - start,
                            hard_rounding=obj.learned_rounding)
 
-    def advance(self, block: Block, fp: SampleStore, q: SampleStore, fp_next: SampleStore,
-                q_next: SampleStore) -> None:
-        """The next block's inputs: this block's float output on the float input, and its quantized
-        output (with what it learned) on the quantized input."""
+    def advance(self, block: Block, q: SampleStore, q_next: SampleStore) -> None:
+        """The next block's quantized inputs: this block's quantized output (with what it learned)
+        on its quantized input."""
         with torch.no_grad():
-            for i in range(len(fp)):
-                f = self.exe.run(block.nodes, _batch(fp, [i], block.inputs, self.device), block.outputs, quant=False)
+            for i in range(len(q)):
                 o = self.exe.run(block.nodes, _batch(q, [i], block.inputs, self.device), block.outputs, quant=True)
-                fp_next.append({k: v.cpu().numpy() for k, v in f.items()})
                 q_next.append({k: v.cpu().numpy() for k, v in o.items()})
 
 
