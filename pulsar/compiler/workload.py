@@ -92,7 +92,8 @@ class Tensors:
 # --------------------------------------------------------------------------- workload rules
 
 Rule = Callable[[onnx.NodeProto, Tensors], dict[str, Any]]
-_RULES: dict[str, Rule] = {}
+# body op type -> its rule: one per op the simulator has a kernel for (tests/compiler/test_int_ops.py)
+COST_RULES: dict[str, Rule] = {}
 
 
 def cost_rule(*op_types: str) -> Callable[[Rule], Rule]:
@@ -100,7 +101,9 @@ def cost_rule(*op_types: str) -> Callable[[Rule], Rule]:
 
     def register(fn: Rule) -> Rule:
         for op in op_types:
-            _RULES[op] = fn
+            if op in COST_RULES:
+                raise ValueError(f"cost rule {op!r} registered twice")
+            COST_RULES[op] = fn
         return fn
 
     return register
@@ -212,7 +215,7 @@ def _view(node: onnx.NodeProto, t: Tensors) -> dict[str, Any]:
 
 def op_workload(node: onnx.NodeProto, t: Tensors) -> Workload:
     """The workload of one node (``t``: the facts of its graph)."""
-    rule = _RULES.get(node.op_type)
+    rule = COST_RULES.get(node.op_type)
     notes = []
     if rule is None:
         part: dict[str, Any] = {"elementwise_ops": _out_elems(node, t)}

@@ -7,6 +7,11 @@ schemas with onnx (:func:`onnx.defs.register_schema`), so that ``onnx.checker.ch
 ``onnx.shape_inference`` check a body like any standard graph: op arity, attribute names and types,
 required attributes, element types of inputs, and the output element type, which the attribute
 ``to`` gives (inference sets it; with ``check_type`` a body's ``value_info`` must agree).
+
+An op of NPU bodies is one entry per stage: its schema here (``pulsar.int`` ops), its cost rule
+(``@cost_rule``, pulsar/compiler/workload.py), its kernel (``@register``, pulsar/runtime/kernels), and
+a lowering rule that emits it (``@rule``, pulsar/compiler/lower/rules); tests/compiler/test_int_ops.py
+checks that the three op registries list the same op types.
 """
 
 from __future__ import annotations

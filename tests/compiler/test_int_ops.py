@@ -1,6 +1,6 @@
 """The ``pulsar.int`` op schemas registered with onnx: the checker and shape inference accept the NPU
-bodies of a real compiled model, reject a body with a wrong attribute, arity or output type, and the
-schemas cover exactly the integer ops the simulator has kernels for."""
+bodies of a real compiled model, reject a body with a wrong attribute, arity or output type, and every
+op of NPU bodies has exactly one schema / cost rule / kernel."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import pulsar
+from pulsar.compiler.workload import COST_RULES
 from pulsar.core.container import SUBGRAPH_KINDS, load_compiled
 from pulsar.core.int_ops import INT_DOMAIN, INT_OPS
-from pulsar.runtime.kernels import DOMAINS
+from pulsar.runtime.kernels import DOMAINS, KERNELS, register
 
 _CONTAINER_DOMAINS = {k.domain for k in SUBGRAPH_KINDS.values()}
 
@@ -114,9 +115,18 @@ def test_the_checker_rejects_a_broken_body(npu_bodies, damage: Callable[[onnx.Mo
     assert message in str(err.value)
 
 
-def test_schemas_cover_exactly_the_integer_kernels():
+def test_every_body_op_has_one_entry_per_stage():
+    """An op of NPU bodies is one schema (core, pulsar.int ops only), one cost rule (compiler) and one
+    kernel (runtime): the three registries list the same op types."""
     kernels = {op for op, domain in DOMAINS.items() if domain == INT_DOMAIN}
     assert kernels == set(INT_OPS)
+    assert set(COST_RULES) == set(KERNELS)
     for op in INT_OPS:
         schema = onnx.defs.get_schema(op, 1, INT_DOMAIN)
         assert schema.domain == INT_DOMAIN and "to" in schema.attributes and schema.attributes["to"].required
+
+
+def test_an_integer_kernel_needs_its_schema():
+    with pytest.raises(ValueError, match="kernel 'QFoo': no pulsar.int schema in pulsar/core/int_ops.py"):
+        register("QFoo", domain=INT_DOMAIN)(lambda attrs, consts: lambda inputs: [])
+    assert "QFoo" not in KERNELS

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pulsar.core.int_ops import INT_DOMAIN
+from pulsar.core.int_ops import INT_DOMAIN, INT_OPS
 
 STD_DOMAIN = ""
 
@@ -33,12 +33,15 @@ DOMAINS: dict[str, str] = {}
 
 
 def register(op_type: str, *more: str, domain: str = STD_DOMAIN) -> Callable[[KernelFactory], KernelFactory]:
-    """Register a kernel factory for one or more op types of ``domain``."""
+    """Register a kernel factory for one or more op types of ``domain``; a ``pulsar.int`` op needs its
+    schema in pulsar/core/int_ops.py (and the compiler a cost rule, pulsar/compiler/workload.py)."""
 
     def deco(factory: KernelFactory) -> KernelFactory:
         for name in (op_type, *more):
             if name in KERNELS:
                 raise ValueError(f"kernel {name!r} registered twice")
+            if domain == INT_DOMAIN and name not in INT_OPS:
+                raise ValueError(f"kernel {name!r}: no {INT_DOMAIN} schema in pulsar/core/int_ops.py")
             KERNELS[name] = factory
             DOMAINS[name] = domain
         return factory
