@@ -27,7 +27,10 @@ Tensor = torch.Tensor
 
 WARMUP = 0.2            # share of steps without the rounding regulariser
 BETA = (20.0, 2.0)      # regulariser exponent, annealed from the first to the second
-ROUNDING_LR = 100.0     # learning-rate multiplier of the rounding variables V against finetune_lr
+# learning rate of each kind of parameter, in units of finetune_lr: AdaRound's V is unitless (about
+# -3 ... 3), LSQ's weight changes are in grid steps (10x: up to about one step in 100 steps), its
+# scale factors start at 1
+LR_FACTORS = {"rounding": 100.0, "weights": 10.0, "scales": 1.0}
 REG_WEIGHT = 0.1        # weight of the mean rounding term against the normalised reconstruction loss
 
 
@@ -37,16 +40,15 @@ class Objective:
     targets: Callable[[Block], list[str]]       # tensors compared with float
     learned_rounding: bool                      # AdaRound-style V (else LSQ)
 
-    def prepare(self, exe: QuantExecutor, block: Block, acts: list[str]) -> list[torch.nn.Parameter]:
+    def prepare(self, exe: QuantExecutor, block: Block, acts: list[str], lr: float) -> list[dict[str, object]]:
+        """Make the block trainable; Adam parameter groups with their learning rates."""
         if self.learned_rounding:
             for w in block.weights:
                 exe.weights[w].start_adaround()
         else:
             exe.start_lsq(block.weights, acts)
-        return exe.parameters([*block.weights, *acts])
-
-    def lr_factor(self) -> float:
-        return ROUNDING_LR if self.learned_rounding else 1.0
+        groups = exe.parameter_groups([*block.weights, *acts])
+        return [{"params": ps, "lr": lr * LR_FACTORS[kind]} for kind, ps in groups.items() if ps]
 
     def regularizer(self, exe: QuantExecutor, block: Block, step: int, steps: int) -> Tensor | None:
         """AdaRound's rounding term after the warm-up, its exponent annealed from 20 to 2."""

@@ -122,11 +122,11 @@ class Reconstruction:
         before = self._loss(block, tgt, q, held, targets, batched)
         saved_w = {w: exe.weight_values(w) for w in block.weights}
         saved_a = {a: exe.act_values(a) for a in acts}
-        params = obj.prepare(exe, block, acts)
+        params = obj.prepare(exe, block, acts, s.lr)
         if not params:
             return BlockReport(index, block.inputs, block.outputs, len(block.weights), before, before, False,
                                time.perf_counter() - start, trained=False)
-        opt = torch.optim.Adam(params, lr=s.lr * obj.lr_factor())
+        opt = torch.optim.Adam(params)
         norm = max(before, 1e-12)
         for step in range(s.steps):
             idx = self.rng.integers(0, len(q), size=s.batch_size)

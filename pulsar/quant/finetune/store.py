@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_BUDGET = 128 * 2**20  # bytes kept in memory per store
+DEFAULT_BUDGET = 64 * 2**20  # bytes kept in memory per store
 
 
 class SampleStore:

@@ -3,9 +3,9 @@
 The executor interprets the float graph node by node with :mod:`.ops`; in quantized mode every tensor
 the QDQ export quantizes is put through :func:`fake_quant` with its parameters from the
 :class:`QuantGraph`: activations where they are produced (graph inputs where they are read), weights,
-constant operands and biases where they are read. Weights, AdaRound rounding variables and LSQ scale
-factors are ``torch.nn.Parameter`` objects that the fine-tuning algorithms train; :meth:`write_back`
-puts what they learned into the quantized graph.
+constant operands and biases where they are read. AdaRound rounding variables, LSQ weight changes and
+LSQ scale factors are ``torch.nn.Parameter`` objects that the fine-tuning algorithms train; the fine-tuning
+stage reads what they learned (:meth:`weight_values`, :meth:`act_values`) into the quantized graph.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class WeightQuant:
     v: torch.nn.Parameter | None = None        # AdaRound
     hard: bool = False                         # AdaRound: h = [V >= 0] instead of the soft h(V)
     factor: torch.nn.Parameter | None = None   # LSQ scale factor (per channel)
+    delta: torch.nn.Parameter | None = None    # LSQ weight change, in steps of the calibrated grid
     g: float = 1.0
 
     def _shape(self) -> list[int]:
@@ -79,9 +80,16 @@ class WeightQuant:
     def scale(self) -> Tensor:
         return self.scale0 if self.factor is None else self.scale0 * grad_scale(self.factor, self.g)
 
+    def value(self) -> Tensor:
+        """The float weight: calibrated, or moved by LSQ (in grid steps, so one learning rate fits
+        weights of any magnitude)."""
+        if self.delta is None:
+            return self.w
+        return self.w + self.delta * self.scale0.reshape(self._shape())
+
     def quantized(self) -> Tensor:
         if self.mode != "adaround":
-            return fake_quant(self.w, self.scale(), self.zero_point, self.qmin, self.qmax, self.axis)
+            return fake_quant(self.value(), self.scale(), self.zero_point, self.qmin, self.qmax, self.axis)
         assert self.v is not None
         s = self.scale0.reshape(self._shape())
         z = self.zero_point.reshape(self._shape())
@@ -195,24 +203,26 @@ class QuantExecutor:
                 env[name] = self._fq(name, val) if quant and name in params else val
         return {o: env[o] if o in env else feeds[o] for o in outputs}
 
-    def parameters(self, names: Iterable[str]) -> list[torch.nn.Parameter]:
-        out: list[torch.nn.Parameter] = []
+    def parameter_groups(self, names: Iterable[str]) -> dict[str, list[torch.nn.Parameter]]:
+        """Trainable parameters of the weights / activations ``names``, by kind: ``rounding`` (AdaRound
+        V), ``weights`` (LSQ weight changes, grid steps) and ``scales`` (LSQ scale factors)."""
+        out: dict[str, list[torch.nn.Parameter]] = {"rounding": [], "weights": [], "scales": []}
         for n in names:
             wq = self.weights.get(n)
             if wq is not None:
-                out += [p for p in (wq.v, wq.factor) if p is not None]
-                if isinstance(wq.w, torch.nn.Parameter):
-                    out.append(wq.w)
+                for kind, p in (("rounding", wq.v), ("weights", wq.delta), ("scales", wq.factor)):
+                    if p is not None:
+                        out[kind].append(p)
             aq = self.acts.get(n)
             if aq is not None and aq.factor is not None:
-                out.append(aq.factor)
+                out["scales"].append(aq.factor)
         return out
 
     def start_lsq(self, weights: Iterable[str], acts: Iterable[str]) -> None:
         """Make weights, their per-channel scales and the activation scales of ``acts`` trainable."""
         for n in weights:
             wq = self.weights[n]
-            wq.w = torch.nn.Parameter(wq.w.clone())
+            wq.delta = torch.nn.Parameter(torch.zeros_like(wq.w))
             wq.factor = torch.nn.Parameter(torch.ones_like(wq.scale0))
             per = wq.w.numel() // max(1, wq.scale0.numel())
             wq.g, wq.mode = lsq_grad_factor(per, wq.qmax), "lsq"
@@ -225,7 +235,7 @@ class QuantExecutor:
         """(float weight on its final grid or as learned, per-channel scale) of a weight."""
         wq = self.weights[name]
         with torch.no_grad():
-            value = wq.quantized() if wq.mode == "adaround" else wq.w.detach()
+            value = wq.quantized() if wq.mode == "adaround" else wq.value().detach()
             scale = wq.scale().detach()
         return value.cpu().numpy().astype(np.float32), scale.cpu().numpy().astype(np.float32)
 
