@@ -27,6 +27,7 @@ from pulsar.quant.torch_exec import QuantExecutor
 log = logging.getLogger(__name__)
 
 EVAL_SAMPLES = 16  # samples the before / after loss of a block is measured on (the same ones)
+CHUNK = 8  # samples per forward pass outside training (targets, next inputs, losses)
 
 
 @dataclass
@@ -67,48 +68,68 @@ class Reconstruction:
         self.objective: Objective = OBJECTIVES[settings.algorithm]
         self.device = exe.device
         self.rng = np.random.default_rng(settings.seed)
+        self.batched: dict[int, bool] = {}  # block (first node) -> samples may be stacked on axis 0
 
     def _run(self, block: Block, feeds: dict[str, torch.Tensor], names: Sequence[str], quant: bool,
-             batched: bool) -> dict[str, torch.Tensor]:
-        if batched:
+             n: int) -> dict[str, torch.Tensor]:
+        """The block on ``n`` samples concatenated along axis 0 (as :func:`_batch` makes them); the
+        outputs likewise. Where the block cannot take them stacked (a graph written for one sample:
+        a Squeeze of axis 0, a Reshape to [1, ...]), torch.func.vmap runs it once per sample, as the
+        graph says, as one batched computation."""
+        if n == 1 or self.batched.get(block.nodes[0], False):
             return self.exe.run(block.nodes, feeds, names, quant=quant)
-        n = next(iter(feeds.values())).shape[0]
-        parts = [self.exe.run(block.nodes, {k: v[i:i + 1] for k, v in feeds.items()}, names, quant=quant)
-                 for i in range(n)]
-        return {k: torch.cat([p[k] for p in parts]) for k in names}
 
-    def _loss(self, block: Block, tgt: SampleStore, q: SampleStore, idx: Sequence[int], targets: list[str],
-              batched: bool) -> float:
+        def one(sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return self.exe.run(block.nodes, sample, names, quant=quant)
+
+        stacked = {k: v.reshape(n, v.shape[0] // n, *v.shape[1:]) for k, v in feeds.items()}
+        out: dict[str, torch.Tensor] = torch.func.vmap(one)(stacked)
+        return {k: v.flatten(0, 1) for k, v in out.items()}
+
+    def _chunks(self, n: int) -> list[list[int]]:
+        """Sample indices in groups run as one batch outside training."""
+        return [list(range(i, min(n, i + CHUNK))) for i in range(0, n, CHUNK)]
+
+    def _loss(self, block: Block, tgt: SampleStore, q: SampleStore, n: int, targets: list[str]) -> float:
+        """Mean over the first ``n`` samples of the per-sample loss (the quantized block against its target)."""
+        total = 0.0
         with torch.no_grad():
-            total = 0.0
-            for i in idx:
-                o = self._run(block, _batch(q, [i], block.inputs, self.device), targets, True, batched)
-                total += float(_mse(o, _batch(tgt, [i], targets, self.device)))
-        return total / max(1, len(idx))
+            for idx in self._chunks(n):
+                o = self._run(block, _batch(q, idx, block.inputs, self.device), targets, True, len(idx))
+                t = _batch(tgt, idx, targets, self.device)
+                per = torch.stack([((o[k] - t[k]) ** 2).reshape(len(idx), -1).mean(1) for k in targets]).mean(0)
+                total += float(per.sum())
+        return total / max(1, n)
 
     def _check_batching(self, block: Block, fp: SampleStore) -> bool:
-        """Whether samples can be concatenated along axis 0 in this block (a Reshape that holds the
-        batch size 1 would mix them): the float block on two samples, together and apart."""
-        if len(fp) < 2 or self.settings.batch_size < 2:
+        """Whether samples can simply be concatenated along axis 0 in this block: the float block on
+        two samples, together and apart (vmap, one per sample), gives the same."""
+        if len(fp) < 2:
             return False
         feeds = _batch(fp, [0, 1], block.inputs, self.device)
         with torch.no_grad():
+            apart = self._run(block, feeds, block.outputs, False, 2)
             try:
                 together = self.exe.run(block.nodes, feeds, block.outputs, quant=False)
             except RuntimeError:
                 return False
-            apart = self._run(block, feeds, block.outputs, False, False)
         return all(together[k].shape == apart[k].shape and torch.allclose(together[k], apart[k], atol=1e-5,
                                                                            rtol=1e-4) for k in apart)
 
     def float_outputs(self, block: Block, fp: SampleStore, out: SampleStore) -> None:
         """The float block on every float input: the training targets (the objective's tensors) and
         the next block's float inputs (the block outputs), computed once, not at every step."""
+        self.batched[block.nodes[0]] = self._check_batching(block, fp)
         names = list(dict.fromkeys([*self.objective.targets(block), *block.outputs]))
+        self._each(block, fp, names, False, out)
+
+    def _each(self, block: Block, src: SampleStore, names: list[str], quant: bool, out: SampleStore) -> None:
         with torch.no_grad():
-            for i in range(len(fp)):
-                f = self.exe.run(block.nodes, _batch(fp, [i], block.inputs, self.device), names, quant=False)
-                out.append({k: v.cpu().numpy() for k, v in f.items()})
+            for idx in self._chunks(len(src)):
+                res = self._run(block, _batch(src, idx, block.inputs, self.device), names, quant, len(idx))
+                arrays = {k: v.cpu().numpy() for k, v in res.items()}
+                for j in range(len(idx)):
+                    out.append({k: np.split(a, len(idx))[j] for k, a in arrays.items()})
 
     def block(self, index: int, block: Block, fp: SampleStore, tgt: SampleStore, q: SampleStore, acts: list[str],
               progress: Callable[[int], None] | None = None) -> BlockReport:
@@ -117,9 +138,8 @@ class Reconstruction:
         start = time.perf_counter()
         exe, s, obj = self.exe, self.settings, self.objective
         targets = obj.targets(block)
-        batched = self._check_batching(block, fp)
-        held = list(range(min(EVAL_SAMPLES, len(q))))
-        before = self._loss(block, tgt, q, held, targets, batched)
+        held = min(EVAL_SAMPLES, len(q))
+        before = self._loss(block, tgt, q, held, targets)
         saved_w = {w: exe.weight_values(w) for w in block.weights}
         saved_a = {a: exe.act_values(a) for a in acts}
         params = obj.prepare(exe, block, acts, s.lr)
@@ -131,7 +151,7 @@ class Reconstruction:
         for step in range(s.steps):
             idx = self.rng.integers(0, len(q), size=s.batch_size)
             target = _batch(tgt, idx, targets, self.device)
-            out = self._run(block, _batch(q, idx, block.inputs, self.device), targets, True, batched)
+            out = self._run(block, _batch(q, idx, block.inputs, self.device), targets, True, len(idx))
             loss = _mse(out, target) / norm
             reg = obj.regularizer(exe, block, step, s.steps)
             if reg is not None:
@@ -142,7 +162,7 @@ class Reconstruction:
             if progress is not None:
                 progress(step + 1)
         obj.harden(exe, block)
-        after = self._loss(block, tgt, q, held, targets, batched)
+        after = self._loss(block, tgt, q, held, targets)
         rolled_back = not (after <= before) or not np.isfinite(after)
         if rolled_back:
             for w, (value, scale) in saved_w.items():
@@ -161,10 +181,7 @@ class Reconstruction:
     def advance(self, block: Block, q: SampleStore, q_next: SampleStore) -> None:
         """The next block's quantized inputs: this block's quantized output (with what it learned)
         on its quantized input."""
-        with torch.no_grad():
-            for i in range(len(q)):
-                o = self.exe.run(block.nodes, _batch(q, [i], block.inputs, self.device), block.outputs, quant=True)
-                q_next.append({k: v.cpu().numpy() for k, v in o.items()})
+        self._each(block, q, list(block.outputs), True, q_next)
 
 
 def block_activations(exe: QuantExecutor, block: Block) -> list[str]:
