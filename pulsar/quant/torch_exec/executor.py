@@ -143,6 +143,8 @@ class QuantExecutor:
                 self.weights[w.tensor] = WeightQuant(self.consts[w.tensor], self._tensor(tq.scale),
                                                      self._tensor(np.asarray(tq.zero_point, np.float32)),
                                                      tq.qmin, tq.qmax, tq.axis)
+        self._zps: dict[str, Tensor] = {}
+        self._fixed: dict[str, Tensor] = {}
         self.acts: dict[str, ActQuant] = {}
         for name, tq in qg.params.items():
             if tq.kind == "activation" and plan.dominator(name) == name:
@@ -158,19 +160,27 @@ class QuantExecutor:
     def act_scale(self, name: str) -> Tensor:
         return self.acts[self.qg.plan.dominator(name)].scale()
 
+    def _zero_point(self, name: str, tq: TensorQuant) -> Tensor:
+        zp = self._zps.get(name)
+        if zp is None:
+            zp = self._zps[name] = self._tensor(np.asarray(tq.zero_point, np.float32))
+        return zp
+
     def _fq(self, name: str, x: Tensor) -> Tensor:
         tq: TensorQuant = self.qg.params[name]
         if tq.kind == "activation":
-            zp = torch.tensor(float(tq.zero_point), device=self.device)
-            return fake_quant(x, self.act_scale(name), zp, tq.qmin, tq.qmax, None)
+            return fake_quant(x, self.act_scale(name), self._zero_point(name, tq), tq.qmin, tq.qmax, None)
         if name in self.weights:
             return self.weights[name].quantized()
         if tq.kind == "bias":
             act, w = self.bias_of[name]
             scale = self.act_scale(act) * self.weights[w].scale()
             return fake_quant(x, scale, torch.zeros_like(scale), tq.qmin, tq.qmax, 0 if scale.dim() else None)
-        return fake_quant(x, self._tensor(tq.scale), self._tensor(np.asarray(tq.zero_point, np.float32)),
-                          tq.qmin, tq.qmax, tq.axis)
+        fixed = self._fixed.get(name)
+        if fixed is None:  # a constant operand on its calibrated grid: quantized once
+            fixed = self._fixed[name] = fake_quant(x, self._tensor(tq.scale), self._zero_point(name, tq), tq.qmin,
+                                                   tq.qmax, tq.axis)
+        return fixed
 
     # ---- running -------------------------------------------------------------------------------
     def run(self, nodes: Iterable[int], feeds: dict[str, Tensor], outputs: Sequence[str], *,
