@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -36,29 +35,6 @@ from pulsar.utils.scratch import scratch_dir
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
-
-
-def _others_running(samples: int = 5) -> int:
-    """Runnable tasks of other processes right now (Linux ``/proc/loadavg``; 0 where unknown): the
-    least of a few looks 10 ms apart, less this one."""
-    seen = []
-    for _ in range(samples):
-        try:
-            with open("/proc/loadavg") as f:
-                seen.append(int(f.read().split()[3].split("/")[0]))
-        except (OSError, ValueError, IndexError):
-            return 0
-        time.sleep(0.01)
-    return max(0, min(seen) - 1)
-
-
-def cpu_threads() -> int:
-    """Torch threads for fine-tuning on the CPU: the cores no other process is using. Its ops are
-    small (a few samples of one block), and OpenMP's barriers cost a lot as soon as another process
-    holds a core: on 2 cores with one busy, 2 threads ran a block 7x slower than 1 thread, while on
-    2 idle cores 2 threads build the recognizer with LSQ 1.4x faster than 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores - _others_running())
 
 
 def finetune_enabled(q: Any) -> bool:
@@ -123,7 +99,8 @@ def _show_parameters(ctx: BuildContext, settings: Settings, device: torch.device
             ("block size (weighted layers)", str(ctx.cfg.quant.finetune_block_size)),
             ("steps per block (finetune_epochs)", str(settings.steps)),
             ("batch size", str(settings.batch_size)), ("learning rate", f"{settings.lr:g}"),
-            ("samples", str(samples)), ("seed", str(settings.seed))]
+            ("samples", str(samples)), ("seed", str(settings.seed)),
+            ("CPU threads", str(torch.get_num_threads()))]
     show(table("Fine-tuning", ["parameter", "value"], rows), quiet=ctx.quiet)
 
 
@@ -150,13 +127,7 @@ def run_finetune(ctx: BuildContext, qg: QuantGraph) -> None:
         qg.rederive_biases(q.refine_weight_threshold)
         log.info("fine-tuning: %d learned parameters from the cache (%s); not retrained", n, literal(str(cache)))
         return
-    threads = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(cpu_threads())
-    try:
-        _train(ctx, qg, settings, device, blocks, cache)
-    finally:
-        torch.set_num_threads(threads)
+    _train(ctx, qg, settings, device, blocks, cache)
 
 
 def _train(ctx: BuildContext, qg: QuantGraph, settings: Settings, device: torch.device, blocks: list[Block],
