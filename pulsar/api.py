@@ -96,7 +96,8 @@ def _run_compiled(ctx: BuildContext, qmodel: onnx.ModelProto, compiled: Compiler
     if cfg.compiler.check:
         from pulsar.runtime.check import check_compiled
 
-        check_compiled(ctx, compiled.path, compiled.deployed, compiled.sub_configs, compiled.cpu_nodes)
+        check_compiled(ctx, compiled.path, compiled.deployed, compiled.sub_configs, compiled.cpu_nodes,
+                       compiled.variants)
     if cfg.quant.precision_analysis and cfg.quant.precision_analysis_mode == "NPUBackend":
         from pulsar.runtime.analysis import run_npu_backend_analysis
 

@@ -169,7 +169,11 @@ def run(
     mode: Annotated[str, typer.Option("--mode", help="NPUBackend (bit-exact integer simulation) or Reference "
                                                      "(float QDQ in onnxruntime)")] = "NPUBackend",
     batch_size: Annotated[int, typer.Option("--batch_size", help="samples stacked on axis 0 of each input "
-                                                                 "file, run one compiled batch at a time")] = 1,
+                                                                 "file; a multi-batch model runs them as its "
+                                                                 "compiled batches, largest first")] = 1,
+    group_index: Annotated[int, typer.Option("--group_index", help="shape group to run: 0 is the model's own "
+                                                                   "input shape, i the i-th src_extra_shapes "
+                                                                   "entry (pulsar info lists them)")] = 0,
     perlayer: Annotated[bool, typer.Option("--enable_perlayer_output", help="also write every tensor to "
                                                                             "<output_dir>/perlayer/")] = False,
     workers: Annotated[int | None, typer.Option("--workers", help="independent samples run in parallel, one "
@@ -181,7 +185,7 @@ def run(
 
     result = run_model(model=model, output_dir=output_dir, input_dir=input_dir, list_file=list_file,
                        random_input=random_input, mode=mode, batch_size=batch_size, perlayer=perlayer,
-                       workers=workers)
+                       workers=workers, group=group_index)
     rows = [(name, "x".join(map(str, shape)) or "scalar", str(dtype)) for name, shape, dtype in result.outputs]
     print_renderable(table("Outputs (per sample)", ["output", "shape", "dtype"], rows), target=out_console)
     where = f"{result.output_dir}/<sample>/ ({len(result.sample_dirs)} directories)" if result.sample_dirs \

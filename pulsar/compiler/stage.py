@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,10 @@ from pulsar.compiler.op_counts import (
 )
 from pulsar.compiler.targets import load_profile
 from pulsar.compiler.trace import SUMMARY_COLUMNS, chrome_trace, summary_rows
+from pulsar.compiler.variants import Lowered, build_variants, merge, metadata_for
 from pulsar.context import BuildContext
 from pulsar.core.container import package, tensor_infos
+from pulsar.core.variants import Variant
 from pulsar.frontend.processors import attach_input_processors, attach_output_processors
 from pulsar.quant.samples import calibration_normalization
 from pulsar.ui import show, table
@@ -41,13 +44,13 @@ log = logging.getLogger(__name__)
 def attach_processors(ctx: BuildContext, qmodel: onnx.ModelProto, notes: list[str] | None = None) -> onnx.ModelProto:
     """Put input_processors in front of and output_processors behind the quantized graph, so the
     compiled model takes the deployed input (the QDQ artifact keeps the model's own format);
-    ``notes`` collects one line per processed tensor (the compiled model's metadata)."""
+    ``notes`` collects (and logs) one line per processed tensor (the compiled model's metadata)."""
     cfg = ctx.cfg
     model, lines = attach_input_processors(qmodel, cfg.input_processors, calibration_normalization(cfg, qmodel))
     model, out_lines = attach_output_processors(model, cfg.output_processors)
-    for line in lines + out_lines:
-        log.info("processor: %s", line)
-    if notes is not None:
+    if notes is not None:  # the first lowering's lines (variants repeat them at their shapes)
+        for line in lines + out_lines:
+            log.info("processor: %s", line)
         notes.extend(lines + out_lines)
     return model
 
@@ -117,20 +120,50 @@ def _show_placement(ctx: BuildContext, lowered: LoweredModel, qmodel: onnx.Model
     return counts
 
 
-def _estimate(ctx: BuildContext, lowered: LoweredModel) -> dict[str, Any]:
+def _estimate(ctx: BuildContext, lowered: LoweredModel, trace_name: str = "npu_perf_trace.json",
+              show_table: bool = True) -> dict[str, Any]:
     """Cost-model estimate of the NPU subgraphs on the target; the Chrome trace with compiler.npu_perf."""
     cfg = ctx.cfg
     profile = load_profile(cfg.target_hardware)
     est = estimate_model(lowered.subgraphs, profile, cfg.npu_mode, cfg.compiler.ddr_bw_limit)
-    rows = [["-" if r[k] is None else f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k])
-             for k in SUMMARY_COLUMNS] for r in summary_rows(est)]
-    show(table(f"Performance estimate: {profile.name}, {cfg.npu_mode} (a model, not a measurement)",
-               list(SUMMARY_COLUMNS), rows), quiet=ctx.quiet)
+    if show_table:
+        rows = [["-" if r[k] is None else f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k])
+                 for k in SUMMARY_COLUMNS] for r in summary_rows(est)]
+        show(table(f"Performance estimate: {profile.name}, {cfg.npu_mode} (a model, not a measurement)",
+                   list(SUMMARY_COLUMNS), rows), quiet=ctx.quiet)
     if cfg.compiler.npu_perf:
-        trace = chrome_trace(est, ctx.path("compiler", "npu_perf_trace.json"))
-        ctx.artifacts["NPU performance trace (chrome://tracing, Perfetto)"] = trace
+        trace = chrome_trace(est, ctx.path("compiler", trace_name))
+        ctx.artifacts[f"NPU performance trace {trace_name} (chrome://tracing, Perfetto)"
+                      if trace_name != "npu_perf_trace.json"
+                      else "NPU performance trace (chrome://tracing, Perfetto)"] = trace
     return {"target": profile.name, "npu_mode": cfg.npu_mode, "cycles": int(est.cycles),
             "time_ms": round(float(est.time_ms), 6), "macs": int(est.macs)}
+
+
+def _subgraph_times(ctx: BuildContext) -> Callable[[LoweredModel], dict[str, float]]:
+    cfg = ctx.cfg
+    profile = load_profile(cfg.target_hardware)
+
+    def times(lowered: LoweredModel) -> dict[str, float]:
+        est = estimate_model(lowered.subgraphs, profile, cfg.npu_mode, cfg.compiler.ddr_bw_limit)
+        return {e.name: float(e.time_ms) for e in est.subgraphs}
+
+    return times
+
+
+def _variant_estimates(ctx: BuildContext, variants: list[Variant], lowered: dict[Variant, Lowered]
+                       ) -> dict[Variant, dict[str, Any]]:
+    """Estimate (and trace) every variant; one table row each."""
+    out, rows = {}, []
+    for v in variants:
+        name = f"npu_perf_trace_group{v.group}_batch{v.batch}.json"
+        est = _estimate(ctx, lowered[v].lowering, name, show_table=False)
+        out[v] = est
+        rows.append([str(v.group), str(v.batch), f"{est['time_ms']:.4g}", f"{est['time_ms'] / v.batch:.4g}",
+                     f"{est['cycles']:,}"])
+    show(table("Performance estimate per variant (a model, not a measurement)",
+               ["group", "batch", "ms", "ms / sample", "cycles"], rows), quiet=ctx.quiet)
+    return out
 
 
 @dataclass
@@ -141,10 +174,13 @@ class CompilerOutput:
     deployed: onnx.ModelProto  # the quantized graph with the processors attached, as lowered
     sub_configs: list[SubRange]
     cpu_nodes: dict[str, str]  # node -> why the quantization placed it on the CPU
+    # every compiled (group, batch) -> its deployed graph (compiler.check 2 lowers each again)
+    variants: dict[Variant, onnx.ModelProto] = dataclasses.field(default_factory=dict)
 
 
 def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> CompilerOutput:
-    """Lower the quantized graph to NPU integer programs and CPU subgraphs, estimate, package."""
+    """Lower the quantized graph to NPU integer programs and CPU subgraphs (per batch / shape variant),
+    estimate, package."""
     cfg = ctx.cfg
     meta: dict[str, Any] = {
         "target_hardware": cfg.target_hardware,
@@ -154,33 +190,41 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> CompilerOutput:
         "source_model": Path(cfg.input).name,
         "built_by": f"pulsar {__version__}",
     }
-    extra = {p.tensor_name: [list(e.shape) for e in p.src_extra_shapes] for p in cfg.input_processors
-             if p.src_extra_shapes}
-    if extra:
-        # Recorded for the runtime / multi-shape compilation; this version compiles the main shape only.
-        meta["input_extra_shapes"] = extra
-        log.warning("src_extra_shapes recorded in the compiled model's metadata; only the main input shape is "
-                    "compiled by this version")
     meta["processors"] = []
-    deployed = attach_processors(ctx, qmodel, meta["processors"])
     subs = sub_ranges(cfg.compiler)
     placement = _quant_placement(ctx)
     # the quantization's CPU ops stay on the CPU (e.g. a manual op or an FP32 layer between quantized tensors)
     cpu_nodes = {n: why for n, (device, why) in (placement or {}).items() if device == "CPU"}
-    lowered = lower_qdq_model(deployed, LowerOptions(lut_items_in_bits=cfg.compiler.lut_items_in_bits,
-                                                     sub_configs=subs, cpu_nodes=cpu_nodes))
-    for sg in lowered.subgraphs:
-        sg.reference = lowered.references.get(sg.name)
-        sg.options = {"lut_items_in_bits": cfg.compiler.lut_items_in_bits, **sg.options}
+
+    def lower(model: onnx.ModelProto, notes: list[str] | None = None) -> tuple[onnx.ModelProto, LoweredModel]:
+        deployed = attach_processors(ctx, model, notes)
+        lowered = lower_qdq_model(deployed, LowerOptions(lut_items_in_bits=cfg.compiler.lut_items_in_bits,
+                                                         sub_configs=subs, cpu_nodes=cpu_nodes))
+        for sg in lowered.subgraphs:
+            sg.reference = lowered.references.get(sg.name)
+            sg.options = {"lut_items_in_bits": cfg.compiler.lut_items_in_bits, **sg.options}
+        return deployed, lowered
+
+    deployed, lowered = lower(qmodel, meta["processors"])
+    probe = Lowered(Variant(0, 1), deployed, lowered)
     counts = _show_placement(ctx, lowered, qmodel, deployed, placement)
     _show_sub_configs(lowered, subs)
     meta["estimate"] = _estimate(ctx, lowered)
-    meta["inputs"] = tensor_infos(lowered.inputs)
-    meta["outputs"] = tensor_infos(lowered.outputs)
+    variants, by_variant, mode, chosen, axes = build_variants(cfg, qmodel, probe, lower, _subgraph_times(ctx), subs)
+    top = by_variant[variants[0]].lowering
+    several = len(variants) > 1 or mode is not None
+    if several:
+        estimates = _variant_estimates(ctx, variants, by_variant)
+        meta["estimate"] = estimates[variants[0]]
+        meta.update(metadata_for(variants, by_variant, mode, axes, estimates))
+    meta["inputs"] = tensor_infos(top.inputs)
+    meta["outputs"] = tensor_infos(top.outputs)
     meta["cpu_fallbacks"] = [{"node": f.node, "op_type": f.op_type, "reason": f.reason} for f in lowered.fallbacks]
     meta["op_counts"] = counts.to_json()
-    path = package(lowered.subgraphs, inputs=lowered.inputs, outputs=lowered.outputs,
+    subgraphs = merge(variants, by_variant, lambda sg, b: mode is None or sg.kind != "npu" or b in chosen[sg.name]) \
+        if several else lowered.subgraphs
+    path = package(subgraphs, inputs=top.inputs, outputs=top.outputs,
                    opset_imports=lowered.opset_imports, metadata=meta, path=ctx.path(cfg.output_name),
                    ir_version=deployed.ir_version)
     ctx.artifacts["compiled model"] = path
-    return CompilerOutput(path, deployed, subs, cpu_nodes)
+    return CompilerOutput(path, deployed, subs, cpu_nodes, {v: by_variant[v].deployed for v in variants})

@@ -57,6 +57,12 @@ def _finetune(q: dict[str, Any]) -> bool:
     return any(q.get(f) for f in ("enable_adaround", "enable_brecq", "enable_lsq"))
 
 
+def _multi_batch(c: dict[str, Any]) -> bool:
+    entries = [c, *(c.get("sub_configs") or [])]
+    return any(e.get("static_batch_sizes") or e.get("max_dynamic_batch_size") for e in entries)
+
+
+_MULTI = "only used by multi-batch compilation (compiler.static_batch_sizes or max_dynamic_batch_size)"
 _FINETUNE = "only used by fine-tuning (quant.enable_adaround, enable_brecq or enable_lsq)"
 _AMP = "only used with quant.auto_mixed_precision.enable"
 
@@ -82,9 +88,9 @@ RULES: list[Rule] = [
     *(_needs(f"quant.{f}", _finetune, _FINETUNE) for f in ("finetune_epochs", "finetune_block_size",
                                                            "finetune_batch_size", "finetune_lr")),
     _needs("quant.device", _finetune, _FINETUNE + "; calibration runs in onnxruntime on the CPU"),
-    _at_default("compiler.static_batch_sizes", "multi-batch compilation is not available yet"),
-    _at_default("compiler.max_dynamic_batch_size", "multi-batch compilation is not available yet"),
-    _at_default("compiler.disable_ir_fix", "only used by multi-batch compilation, which is not available yet"),
+    _needs("compiler.disable_ir_fix", _multi_batch, _MULTI),
+    Rule("compiler.max_dynamic_batch_size", lambda v, c: not v or not c.get("static_batch_sizes"),
+         "static (compiler.static_batch_sizes) and dynamic multi-batch exclude each other; set one of them"),
     Rule("compiler.check_tensor_black_list", lambda v, c: not v or c.get("check_mode") == "CheckPerLayer",
          "only used by compiler.check_mode CheckPerLayer"),
     # fields that only act together with another one
@@ -110,9 +116,7 @@ RULES: list[Rule] = [
     _at_default("compiler.enable_data_soft_compression"),
     # per sub-config, the same not-yet features as at the top level (unset: inherited, accepted)
     *(_at_default(f"compiler.sub_configs[*].{f}", why) for f, why in (
-        ("static_batch_sizes", "multi-batch compilation is not available yet"),
-        ("max_dynamic_batch_size", "multi-batch compilation is not available yet"),
-        ("disable_ir_fix", "only used by multi-batch compilation, which is not available yet"),
+        ("disable_ir_fix", "the IR fix acts on the whole graph before it is split; set compiler.disable_ir_fix"),
         ("enable_slice_mode", _NOT_YET), ("enable_tile_mode", _NOT_YET),
         ("enable_data_soft_compression", _NOT_YET))),
 ]

@@ -1,13 +1,14 @@
 """The compiled model container: one ONNX file that standard tools can open.
 
-Container format, version 2 (``FORMAT_VERSION``). Keep it stable: files written by one pulsar
-release must load in the next; anything incompatible bumps the version.
+Container format, version 3 (``FORMAT_VERSION``). Keep it stable: files written by one pulsar
+release must load in the next; anything incompatible bumps the version. Format 2 files (one body per
+subgraph) load as single-variant models; format 1 files (no integer program) are refused.
 
 - The file is a single serialized ``onnx.ModelProto`` (``onnx.load`` and Netron open it; it does
   not run in onnxruntime directly because of the custom domains below), followed by its checksum
   (below).
 - ``metadata_props``:
-  ``pulsar.format`` = ``pulsar-compiled-model``, ``pulsar.format_version`` = ``"2"``,
+  ``pulsar.format`` = ``pulsar-compiled-model``, ``pulsar.format_version`` = ``"3"``,
   ``pulsar.version`` = the pulsar release that wrote it, and every caller metadata entry ``k`` as
   ``pulsar.<k>`` (target_hardware, npu_mode, config_hash, inputs / outputs with dtype and shape,
   processors, cpu_fallbacks, estimate, ...): a string as it is, any other value as JSON (a string
@@ -32,6 +33,14 @@ release must load in the next; anything incompatible bumps the version.
 - Node inputs / outputs are the tensors crossing the subgraph border, and they carry the same
   names as the body's graph inputs / outputs (binding is by name, not only by position); every node
   input is a model input or an earlier node's output.
+- Variants (format 3, :mod:`pulsar.core.variants`): a model compiled for several batch sizes and / or
+  input shape groups lists them in the ``pulsar.variants`` metadata (``[{group, batch}]``, index =
+  variant id; ``pulsar.batch_axes``, ``pulsar.shape_groups``, ``pulsar.batch_sizes``,
+  ``pulsar.batch_mode`` describe them). A subgraph node then also carries ``variant_ids`` (ints: the
+  variant of ``body``, then of each ``variant_bodies`` entry), ``variant_bodies`` (graphs) and, for NPU
+  subgraphs, ``variant_reference_bodies``; every body has the node's interface names. The top-level
+  inputs / outputs are those of variant 0 (group 0 at the largest batch). A single-variant model
+  writes none of these.
 - Weights are stored once: every initializer lives in the top-level graph and bodies refer to it
   by name (ONNX outer-scope reference), so batch / shape variants added later share them.
   Initializers of different subgraphs that have the same name and content are merged; a name
@@ -67,12 +76,13 @@ from pulsar.core.container_schema import decode_value, encode_value, metadata_pr
 from pulsar.core.graph import outer_scope_inputs, subgraphs
 from pulsar.core.int_ops import INT_DOMAIN
 from pulsar.core.integrity import CHECKSUM_KEY, sealed_bytes, verify
+from pulsar.core.variants import VARIANTS_KEY
 from pulsar.errors import PulsarError
 from pulsar.utils.atomic import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # 1: NPU bodies held the QDQ graph (no integer program)
+FORMAT_VERSION = 3  # 1: NPU bodies held the QDQ graph (no integer program); 2: one body per subgraph
 FORMAT_NAME = "pulsar-compiled-model"
 META_PREFIX = "pulsar."
 META_FORMAT = "pulsar.format"
@@ -114,6 +124,21 @@ class Subgraph:
     options: dict[str, Any] = field(default_factory=dict)
     # NPU subgraphs: the float QDQ fragment computing the same integer outputs (Reference mode)
     reference: onnx.GraphProto | None = None
+    # format 3: the model variants (ids into pulsar.variants) of [graph, *extra]; extra holds the
+    # other variants' (body, reference body), same interface names as ``graph``
+    variant_ids: list[int] = field(default_factory=lambda: [0])
+    extra: list[tuple[onnx.GraphProto, onnx.GraphProto | None]] = field(default_factory=list)
+
+    def has(self, variant: int) -> bool:
+        return variant in self.variant_ids
+
+    def at(self, variant: int) -> Subgraph:
+        """This subgraph as compiled for one variant (a single-body view)."""
+        if variant not in self.variant_ids:
+            raise KeyError(variant)
+        k = self.variant_ids.index(variant)
+        graph, reference = (self.graph, self.reference) if k == 0 else self.extra[k - 1]
+        return Subgraph(self.name, self.kind, graph, self.options, reference, [variant])
 
 
 @dataclass
@@ -198,6 +223,28 @@ def _encode_metadata(metadata: dict[str, object]) -> list[tuple[str, str]]:
     return props
 
 
+def _interface(graph: onnx.GraphProto) -> tuple[list[str], list[str]]:
+    return [i.name for i in graph.input], [o.name for o in graph.output]
+
+
+def _check_variants(sg: Subgraph, body: onnx.GraphProto, reference: onnx.GraphProto | None,
+                    extra: list[tuple[onnx.GraphProto, onnx.GraphProto | None]], n_variants: int) -> None:
+    """Every body of a subgraph has the same interface; ids are distinct and listed in the metadata."""
+    if len(sg.variant_ids) != 1 + len(extra) or len(set(sg.variant_ids)) != len(sg.variant_ids):
+        raise ValueError(f"subgraph {sg.name!r}: variant_ids {sg.variant_ids} do not match its {1 + len(extra)} "
+                         "bodies (distinct ids, one per body)")
+    if any(not 0 <= v < n_variants for v in sg.variant_ids):
+        raise ValueError(f"subgraph {sg.name!r}: variant_ids {sg.variant_ids} outside the metadata's "
+                         f"{n_variants} variants")
+    want = _interface(body)
+    for i, (g, r) in enumerate([(body, reference), *extra]):
+        if _interface(g) != want or (r is not None and _interface(r) != want):
+            raise ValueError(f"subgraph {sg.name!r}: the body of variant {sg.variant_ids[i]} has another interface "
+                             "than its first body")
+        if (r is None) != (reference is None):
+            raise ValueError(f"subgraph {sg.name!r}: every variant needs a reference body, or none does")
+
+
 def package(
     subgraphs: list[Subgraph],
     *,
@@ -217,9 +264,11 @@ def package(
     # Names that are values (not weights) anywhere: an initializer must never shadow one of them.
     taken = {v.name for v in inputs} | {v.name for v in outputs}
     for sg in subgraphs:
-        init_names = {t.name for t in sg.graph.initializer}
-        taken |= {i.name for i in sg.graph.input if i.name not in init_names}
-        taken |= {o for n in sg.graph.node for o in n.output if o}
+        for g in [sg.graph, *(body for body, _ in sg.extra)]:
+            init_names = {t.name for t in g.initializer}
+            taken |= {i.name for i in g.input if i.name not in init_names}
+            taken |= {o for n in g.node for o in n.output if o}
+    n_variants = len(metadata.get(VARIANTS_KEY) or [None])  # type: ignore[arg-type]
 
     nodes: list[onnx.NodeProto] = []
     border_infos: dict[str, onnx.ValueInfoProto] = {}
@@ -260,9 +309,8 @@ def package(
             )
         body = hoist(sg.graph, sg.name)
         reference = hoist(sg.reference, sg.name) if sg.reference is not None else None
-        if reference is not None and ([i.name for i in reference.input] != [i.name for i in body.input]
-                                      or [o.name for o in reference.output] != [o.name for o in body.output]):
-            raise ValueError(f"subgraph {sg.name!r}: reference body has another interface than the body")
+        extra = [(hoist(g, sg.name), None if r is None else hoist(r, sg.name)) for g, r in sg.extra]
+        _check_variants(sg, body, reference, extra, n_variants)
         problem = option_problem(sg.options)
         if problem:
             raise ValueError(f"subgraph {sg.name!r}: {problem}")
@@ -285,6 +333,13 @@ def package(
         )
         if reference is not None:
             node.attribute.append(helper.make_attribute("reference_body", reference))
+        if sg.variant_ids != [0]:
+            node.attribute.append(helper.make_attribute("variant_ids", list(sg.variant_ids)))
+        if extra:
+            node.attribute.append(helper.make_attribute("variant_bodies", [g for g, _ in extra]))
+            if reference is not None:
+                refs = [r for _, r in extra if r is not None]
+                node.attribute.append(helper.make_attribute("variant_reference_bodies", refs))
         nodes.append(node)
         for vi in list(body.input) + list(body.output):
             border_infos.setdefault(vi.name, vi)
@@ -361,7 +416,8 @@ def _body(path: Path, node: onnx.NodeProto, attr: onnx.AttributeProto | None, wh
     return body
 
 
-def _read_subgraph(path: Path, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> Subgraph:
+def _read_subgraph(path: Path, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto],
+                   n_variants: int) -> Subgraph:
     kind = _KIND_BY_DOMAIN.get(node.domain)
     if kind is None:
         raise PulsarError(
@@ -379,7 +435,37 @@ def _read_subgraph(path: Path, node: onnx.NodeProto, inits: dict[str, onnx.Tenso
         if "reference_body" in attrs else None
     name = string_attr(path, node, attrs.get("name")) or node.name
     options = parse_options(path, name, string_attr(path, node, attrs.get("options")))
-    return Subgraph(name=name, kind=kind.kind, graph=body, options=options, reference=reference)
+    ids, extra = _read_variants(path, node, attrs, inits, n_variants, reference is not None)
+    return Subgraph(name=name, kind=kind.kind, graph=body, options=options, reference=reference,
+                    variant_ids=ids, extra=extra)
+
+
+def _read_variants(path: Path, node: onnx.NodeProto, attrs: dict[str, onnx.AttributeProto],
+                   inits: dict[str, onnx.TensorProto], n_variants: int,
+                   has_reference: bool) -> tuple[list[int], list[tuple[onnx.GraphProto, onnx.GraphProto | None]]]:
+    """Format 3: the variant ids of a subgraph's bodies and its other variants' bodies."""
+    ids_attr, bodies_attr = attrs.get("variant_ids"), attrs.get("variant_bodies")
+    refs_attr = attrs.get("variant_reference_bodies")
+    ids = list(ids_attr.ints) if ids_attr is not None else [0]
+    bodies = list(bodies_attr.graphs) if bodies_attr is not None else []
+    refs = list(refs_attr.graphs) if refs_attr is not None else []
+    problem = None
+    if len(ids) != 1 + len(bodies) or len(set(ids)) != len(ids):
+        problem = f"variant_ids {ids} do not match its {1 + len(bodies)} bodies"
+    elif any(not 0 <= v < n_variants for v in ids):
+        problem = f"variant_ids {ids} name variants the metadata does not list ({n_variants})"
+    elif has_reference and len(refs) != len(bodies) or not has_reference and refs:
+        problem = f"has {len(refs)} variant reference bodies for {len(bodies)} variant bodies"
+    if problem:
+        raise PulsarError(f"compiled model {path}: subgraph {node.name!r} {problem}; the file is corrupt or was "
+                          "edited: rebuild it")
+    extra = []
+    for k, g in enumerate(bodies):
+        graph_attr = helper.make_attribute("body", g)
+        ref = _body(path, node, helper.make_attribute("body", refs[k]), f"variant {ids[k + 1]} reference body",
+                    inits) if has_reference else None
+        extra.append((_body(path, node, graph_attr, f"variant {ids[k + 1]} body", inits), ref))
+    return ids, extra
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -418,7 +504,7 @@ def _format_version(path: Path, props: dict[str, str]) -> int:
         )
     if version < 1:
         raise PulsarError(f"compiled model {path} has invalid format version {version}; rebuild it")
-    if version < FORMAT_VERSION:
+    if version < 2:
         raise PulsarError(f"compiled model {path} was written by an older pulsar (format {version}, without the "
                           f"integer NPU program); rebuild it with this pulsar")
     return version
@@ -441,9 +527,11 @@ def load_compiled(path: str | Path) -> CompiledModel:
     check_io_types(path, model.graph)
     check_dataflow(path, model.graph)
     inits = {t.name: t for t in model.graph.initializer}
-    subgraphs = [_read_subgraph(path, node, inits) for node in model.graph.node]
     metadata = _decode_metadata(_metadata_props(model))
+    raw_variants = metadata.get(VARIANTS_KEY)
+    n_variants = len(raw_variants) if isinstance(raw_variants, list) and raw_variants else 1
     check_metadata(path, metadata, {"inputs": tensor_infos(model.graph.input),
                                     "outputs": tensor_infos(model.graph.output)})
+    subgraphs = [_read_subgraph(path, node, inits, n_variants) for node in model.graph.node]
     return CompiledModel(model=model, format_version=version, metadata=metadata, subgraphs=subgraphs,
                          checksum=checksum)

@@ -37,8 +37,9 @@ import onnx.inliner
 from pulsar.compiler.lower import LowerOptions, lower_qdq_model
 from pulsar.compiler.lower.model import SubRange
 from pulsar.context import BuildContext
-from pulsar.core.container import package
+from pulsar.core.container import load_compiled, package
 from pulsar.core.tensor_io import random_inputs
+from pulsar.core.variants import Variant, variants_of
 from pulsar.errors import PulsarError
 from pulsar.quant.samples import deployed_sample_dir
 from pulsar.runtime.session import Session
@@ -120,7 +121,10 @@ def compare(sim: Session, ref: Session, samples: list[dict[str, np.ndarray]], c:
         if per_layer:
             want = ref.run_all(feed)
             got = sim.run_isolated(feed, want)
-            names = [t for t in got if t in want and t not in feed and not any(b.search(t) for b in black)]
+            # a subgraph run as several smaller compiled batches was checked per layer at those batches
+            split = sim.split_outputs(next(iter(feed.values())).shape[0]) if sim.view.multi_batch else set()
+            names = [t for t in got if t in want and t not in feed and t not in split
+                     and not any(b.search(t) for b in black)]
         else:
             got, want = sim.run(feed), ref.run(feed)
             names = list(got)
@@ -138,24 +142,55 @@ def compare(sim: Session, ref: Session, samples: list[dict[str, np.ndarray]], c:
     return rows, compared
 
 
+def _stack(samples: list[dict[str, np.ndarray]], batch: int) -> list[dict[str, np.ndarray]]:
+    """``batch`` samples (cycled) stacked on axis 0, as few feeds as cover every sample once."""
+    if batch == 1:
+        return samples
+    count = max(1, -(-len(samples) // batch))
+    return [{k: np.concatenate([samples[(j * batch + i) % len(samples)][k] for i in range(batch)])
+             for k in samples[0]} for j in range(count)]
+
+
 def check_compiled(ctx: BuildContext, compiled: Path, deployed: onnx.ModelProto,
-                   sub_configs: list[SubRange] | None = None, cpu_nodes: dict[str, str] | None = None) -> None:
-    """Run ``compiler.check`` on the compiled model; a failure is a PulsarError naming the tensor.
-    ``sub_configs`` / ``cpu_nodes``: as the compiled model was lowered (check 2 lowers it again)."""
+                   sub_configs: list[SubRange] | None = None, cpu_nodes: dict[str, str] | None = None,
+                   variants: dict[Variant, onnx.ModelProto] | None = None) -> None:
+    """Run ``compiler.check`` on every variant of the compiled model (each shape group at each compiled
+    batch); a failure is a PulsarError naming the variant and the tensor. ``sub_configs`` /
+    ``cpu_nodes``: as the compiled model was lowered (check 2 lowers each variant's graph again)."""
     c = ctx.cfg.compiler
-    sim = Session(compiled, mode="NPUBackend")
-    if c.check == 2:
-        ref = integer_reference(deployed, ctx.path("compiler", "check_reference.pulsar"), c.lut_items_in_bits,
-                                sub_configs, cpu_nodes)
-        ref_name = "integer reference re-lowered from the QDQ model"
-    else:
-        ref, ref_name = Session(compiled, mode="Reference"), "float QDQ reference"
-    samples = check_samples(ctx, sim)
-    if not samples:
-        raise PulsarError("compiler.check: no samples to check with; set compiler.input_sample_dir")
-    what = f"compiler check {c.check} ({CHECKS[c.check][0]}, {c.check_mode}, {len(samples)} samples)"
-    with progress_task(ctx.stages, what, len(samples)) as task:
-        rows, compared = compare(sim, ref, samples, c, ref_name, progress=task)
-    show(table(f"Compiler check {c.check} ({CHECKS[c.check][0]}, {c.check_mode}) vs {ref_name}: pass",
+    loaded = load_compiled(compiled)
+    listed = variants_of(loaded.metadata)
+    deployed_of = dict(variants or {}) or {Variant(0, 1): deployed}
+    several = len(listed) > 1
+    rows: list[tuple[int, str, str]] = []
+    compared = total = 0
+    for group in sorted({v.group for v in listed}):
+        sim = Session(loaded, mode="NPUBackend", group=group)
+        samples = check_samples(ctx, sim) if group == 0 else [random_inputs(sim.inputs, seed=i) for i in range(2)]
+        if not samples:
+            raise PulsarError("compiler.check: no samples to check with; set compiler.input_sample_dir")
+        for batch in sorted({v.batch for v in listed if v.group == group}):
+            variant = Variant(group, batch)
+            feeds = _stack(samples, batch) if sim.view.multi_batch else samples
+            if c.check == 2:
+                ref = integer_reference(deployed_of.get(variant, deployed),
+                                        ctx.path("compiler", "check_reference.pulsar"), c.lut_items_in_bits,
+                                        sub_configs, cpu_nodes)
+                ref_name = "integer reference re-lowered from the QDQ model"
+            else:
+                ref, ref_name = Session(loaded, mode="Reference", group=group), "float QDQ reference"
+            label = f" ({variant})" if several else ""
+            what = f"compiler check {c.check} ({CHECKS[c.check][0]}, {c.check_mode}, {len(feeds)} samples){label}"
+            try:
+                with progress_task(ctx.stages, what, len(feeds)) as task:
+                    got, n = compare(sim, ref, feeds, c, ref_name, progress=task)
+            except PulsarError as exc:
+                raise PulsarError(f"{variant}: {exc}" if several else str(exc)) from None
+            rows += [(i, f"{o}{label}", d) for i, o, d in got]
+            compared += n
+            total += len(feeds)
+    show(table(f"Compiler check {c.check} ({CHECKS[c.check][0]}, {c.check_mode}) vs "
+               f"{'the references' if c.check == 2 else 'float QDQ reference'}: pass",
                ["sample", "output", "difference"], rows), quiet=ctx.quiet)
-    log.info("compiler check %d passed: %d tensor comparisons over %d samples", c.check, compared, len(samples))
+    log.info("compiler check %d passed: %d tensor comparisons over %d samples%s", c.check, compared, total,
+             f" in {len(listed)} variants" if several else "")

@@ -15,6 +15,13 @@ from typing import cast
 from rich.table import Table
 
 from pulsar.core.container import FORMAT_NAME, CompiledModel, load_compiled, tensor_infos
+from pulsar.core.variants import (
+    BATCH_MODE_KEY,
+    BATCH_SIZES_KEY,
+    SHAPE_GROUPS_KEY,
+    VARIANTS_KEY,
+    is_multi_batch,
+)
 from pulsar.ui import table
 
 
@@ -84,6 +91,9 @@ def summary_tables(compiled: CompiledModel, path: Path) -> list[Table]:
         sg_rows.append(row)
     columns = ["name", "runs on", "ops", "op counts"] + (["range"] if ranges else [])
     tables.append(table("Subgraphs (in execution order)", columns, sg_rows))
+    variant_table = _variants(compiled)
+    if variant_table is not None:
+        tables.append(variant_table)
     groups: dict[str, list[dict[str, str]]] = {}
     # checked when loaded: a list of {node, op_type, reason} strings
     for f in cast("list[dict[str, str]]", meta.get("cpu_fallbacks") or []):
@@ -95,6 +105,34 @@ def summary_tables(compiled: CompiledModel, path: Path) -> list[Table]:
             fallback_rows.append((reason, ", ".join(dict.fromkeys(f["op_type"] for f in items)), names))
         tables.append(table("Ops kept on the CPU", ["reason", "ops", "nodes"], fallback_rows))
     return tables
+
+
+def _variants(compiled: CompiledModel) -> Table | None:
+    """One row per compiled (group, batch): input shapes, estimate, the subgraphs that have a body."""
+    meta = compiled.metadata
+    if VARIANTS_KEY not in meta:
+        return None
+    listed = cast("list[dict[str, object]]", meta[VARIANTS_KEY])
+    groups = cast("list[dict[str, list[dict[str, object]]]]", meta.get(SHAPE_GROUPS_KEY) or [])
+    multi = is_multi_batch(meta)
+    rows = []
+    for k, entry in enumerate(listed):
+        group, batch = int(cast(int, entry["group"])), int(cast(int, entry["batch"]))
+        shapes = []
+        for t in (groups[group]["inputs"] if group < len(groups) else []):
+            dims = list(cast("list[object]", t["shape"]))
+            if multi and dims:
+                dims[0] = batch
+            shapes.append(f"{t['name']} {_shape(dims)}")
+        est = cast("dict[str, float]", entry.get("estimate") or {})
+        ms = f"{est['time_ms']:.4g} ({est['time_ms'] / batch:.4g} per sample)" if "time_ms" in est else "-"
+        have = [sg.name for sg in compiled.subgraphs if sg.has(k)]
+        bodies = "all" if len(have) == len(compiled.subgraphs) else ", ".join(have)
+        rows.append((str(k), str(group), str(batch), ", ".join(shapes), ms, bodies))
+    mode = meta.get(BATCH_MODE_KEY)
+    title = f"Variants ({mode} multi-batch {meta.get(BATCH_SIZES_KEY)}; pulsar run --batch_size N runs N samples as " \
+            "them, --group_index picks the group)" if mode else "Variants (pulsar run --group_index picks the group)"
+    return table(title, ["variant", "group", "batch", "inputs", "estimate ms", "subgraphs"], rows)
 
 
 def model_summary(path: str | Path) -> list[Table]:

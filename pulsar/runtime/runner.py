@@ -70,11 +70,13 @@ def _check_flags(model, output_dir, input_dir, list_file, batch_size: int, worke
 def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Path | None = None,
               list_file: str | Path | None = None, random_input: bool = False,
               mode: str = "NPUBackend", batch_size: int = 1, perlayer: bool = False,
-              workers: int | None = None) -> RunResult:
+              workers: int | None = None, group: int = 0) -> RunResult:
     """``pulsar run``: inputs from files (or random), one .npy per output tensor.
 
     ``batch_size`` samples are stacked on axis 0 of each input file and run one compiled batch at a
-    time; ``perlayer`` also writes every tensor the model computes to ``<output>/perlayer/``.
+    time (a multi-batch model runs them as its compiled batches, largest first); ``group`` picks the
+    shape group (``--group_index``); ``perlayer`` also writes every tensor the model computes to
+    ``<output>/perlayer/``.
     Independent samples (the batches of a file, the directories of a list) run ``workers`` at a time,
     one core each (default: one per core)."""
     from pulsar.runtime.paths import discard_created, prepare_output_dir, read_sample_list
@@ -89,14 +91,18 @@ def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Pat
         # imported only now: flag mistakes above are reported without loading onnx / onnxruntime
         from pulsar.core.container import load_compiled
         from pulsar.core.tensor_io import random_inputs, read_inputs
-        from pulsar.core.tensors import tensor_info
+        from pulsar.runtime.batching import GroupView
         from pulsar.runtime.session import Session, batched_inputs, check_mode
 
         check_mode(mode)
         compiled = load_compiled(paths["--model"])
-        inputs = [tensor_info(v) for v in compiled.model.graph.input]
+        view = GroupView.of(compiled, group)
+        inputs = view.inputs
         infos = batched_inputs(inputs, batch_size)
-        _check_batch_memory(inputs + [tensor_info(v) for v in compiled.model.graph.output], batch_size)
+        if view.multi_batch:  # a batch the compiled ones cannot make fails before anything is read
+            for i, sg in enumerate(compiled.subgraphs):
+                view.plan(i, batch_size, sg.name)
+        _check_batch_memory(inputs + view.outputs, batch_size)
         entries = read_sample_list(list_file, input_dir) if list_file is not None else []
         # every input is read (and checked) before the model is prepared, anything runs or is written
         for e in entries:
@@ -104,7 +110,9 @@ def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Pat
         first = None
         if not entries:
             first = random_inputs(infos) if random_input else read_inputs(input_dir, inputs, batch_size=batch_size)
-        session = Session(compiled, mode=mode)
+        session = Session(compiled, mode=mode, group=group)
+        if view.multi_batch:
+            log.info("%d sample(s) per run as compiled batches: %s", batch_size, session.batch_plan(batch_size))
         return _execute(session, out, entries, first, batch_size, perlayer, workers)
     except BaseException:
         discard_created(created)

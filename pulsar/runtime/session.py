@@ -30,8 +30,10 @@ from onnx import helper
 from pulsar.core.container import SUBGRAPH_KINDS, CompiledModel, Subgraph, load_compiled
 from pulsar.core.int_ops import INT_DOMAIN
 from pulsar.core.ort_options import reference_session_options
-from pulsar.core.tensors import TensorInfo, shape_matches, tensor_info
+from pulsar.core.tensors import TensorInfo, shape_matches
+from pulsar.core.variants import variants_of
 from pulsar.errors import PulsarError, did_you_mean
+from pulsar.runtime.batching import GroupView, describe_plan, group_text, run_split
 from pulsar.runtime.parallel import map_samples
 
 log = logging.getLogger(__name__)
@@ -155,35 +157,83 @@ def run_steps_isolated(program, given: dict[str, np.ndarray]) -> dict[str, np.nd
 
 
 class Session:
-    """Load a compiled model once, run it many times."""
+    """Load a compiled model once, run it many times.
 
-    def __init__(self, model: str | Path | CompiledModel, *, mode: str = DEFAULT_MODE) -> None:
+    ``group`` picks the shape group (``pulsar run --group_index``). In a multi-batch model, ``inputs``
+    describe one sample (axis 0 is 1) and every call takes any number of samples on axis 0: each
+    subgraph runs them as its compiled batches, largest first (:mod:`pulsar.runtime.batching`)."""
+
+    def __init__(self, model: str | Path | CompiledModel, *, mode: str = DEFAULT_MODE, group: int = 0,
+                 workers: int | None = None) -> None:
         check_mode(mode)
         self.compiled = model if isinstance(model, CompiledModel) else load_compiled(model)
         self.mode = mode
-        graph = self.compiled.model.graph
-        self.inputs: list[TensorInfo] = [tensor_info(v) for v in graph.input]
-        self.outputs: list[TensorInfo] = [tensor_info(v) for v in graph.output]
+        self.view = GroupView.of(self.compiled, group)
+        self.group = group
+        self.inputs: list[TensorInfo] = self.view.inputs
+        self.outputs: list[TensorInfo] = self.view.outputs
         self.metadata: dict = self.compiled.metadata
+        self.workers = workers
+        graph = self.compiled.model.graph
         self._ranked = {v.name for v in graph.input if v.type.tensor_type.HasField("shape")}
-        opsets = [op for op in self.compiled.model.opset_import if op.domain not in _CUSTOM_DOMAINS]
-        factory = RUNNER_FACTORIES[mode]
-        ir_version = self.compiled.model.ir_version
-        self._runners = [factory(sg, opsets, ir_version) for sg in self.compiled.subgraphs]
+        self._opsets = [op for op in self.compiled.model.opset_import if op.domain not in _CUSTOM_DOMAINS]
+        self._factory = RUNNER_FACTORIES[mode]
+        self._runners: dict[tuple[int, int], Runner] = {}
+        self._lock = threading.Lock()
         self._io = [
             ([i.name for i in sg.graph.input], [o.name for o in sg.graph.output])
             for sg in self.compiled.subgraphs
         ]
-        log.debug("session: %d subgraphs, mode %s", len(self._runners), mode)
+        if not self.view.multi_batch:  # prepared now, as before variants: load errors surface here
+            for i in range(len(self._io)):
+                self._runner(i, 1)
+        log.debug("session: %d subgraphs, mode %s, group %d", len(self._io), mode, group)
 
-    def _check_feeds(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    @property
+    def batch_sizes(self) -> list[int]:
+        """The compiled batch sizes of this group ([1] for a model without multi-batch)."""
+        return self.view.batch_sizes if self.view.multi_batch else [1]
+
+    def _runner(self, index: int, batch: int) -> Runner:
+        variant = self.view.variant(index, batch)
+        key = (index, variant)
+        with self._lock:
+            if key not in self._runners:
+                sg = self.compiled.subgraphs[index]
+                self._runners[key] = self._factory(sg.at(variant), self._opsets, self.compiled.model.ir_version)
+            return self._runners[key]
+
+    def _run_subgraph(self, index: int, feeds: dict[str, np.ndarray], n: int, keep: bool) -> dict[str, np.ndarray]:
+        """Subgraph ``index`` on ``n`` samples; ``keep`` returns its inner tensors when it runs as one body."""
+        name = self.compiled.subgraphs[index].name
+        plan = self.view.plan(index, n, name)
+        if len(plan) == 1:
+            return self._runner(index, plan[0])(feeds, keep)
+        outs = set(self._io[index][1])
+        return run_split(lambda b, chunk: {k: v for k, v in self._runner(index, b)(chunk, False).items() if k in outs},
+                         feeds, plan, self.view.batch_axes, n,
+                         lambda fn, items: map_samples(fn, items, self.workers))
+
+    def split_outputs(self, n: int) -> set[str]:
+        """Outputs of the subgraphs that run ``n`` samples as several compiled batches (their inner
+        tensors are not returned by :meth:`run_all`, and :meth:`run_isolated` runs them whole)."""
+        return {name for i, (_, outs) in enumerate(self._io)
+                if len(self.view.plan(i, n, self.compiled.subgraphs[i].name)) > 1 for name in outs}
+
+    def batch_plan(self, n: int) -> str:
+        """How ``n`` samples run, per NPU subgraph (``npu_0: 4 + 4 + 1``)."""
+        sgs = self.compiled.subgraphs
+        return describe_plan(self.view, [sg.name for sg in sgs], [sg.kind for sg in sgs], n)
+
+    def _check_feeds(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        """The feeds checked against the inputs, and the number of samples they hold."""
         expected = {t.name: t for t in self.inputs}
         for name in feeds:
             if name not in expected:
                 raise PulsarError(
                     f'unknown input "{name}"{did_you_mean(name, expected)}; model inputs: {sorted(expected)}'
                 )
-        checked = {}
+        checked, counts = {}, set()
         for info in self.inputs:
             if info.name not in feeds:
                 raise PulsarError(f'missing input "{info.name}" (shape {info.shape}, dtype {info.dtype})')
@@ -192,10 +242,28 @@ class Session:
                 raise PulsarError(
                     f'input "{info.name}": expected dtype {info.dtype}, got {value.dtype}; cast it'
                 )
-            if info.name in self._ranked and not shape_matches(info.shape, value.shape):
-                raise PulsarError(f'input "{info.name}": expected shape {info.shape}, got {value.shape}')
+            want = info.shape
+            if self.view.multi_batch and value.ndim == len(want) and value.ndim and value.shape[0] >= 1:
+                want = (value.shape[0], *want[1:])
+                counts.add(value.shape[0])
+            if info.name in self._ranked and not shape_matches(want, value.shape):
+                raise PulsarError(f'input "{info.name}": expected shape {self._shape_text(info)}, got {value.shape}'
+                                  + self._group_hint())
             checked[info.name] = value
-        return checked
+        if len(counts) > 1:
+            raise PulsarError(f"the inputs hold different numbers of samples on axis 0 ({sorted(counts)}); "
+                              "give every input the same batch")
+        return checked, counts.pop() if counts else 1
+
+    def _shape_text(self, info: TensorInfo) -> str:
+        return f"[N, {', '.join(map(str, info.shape[1:]))}] (N samples)" if self.view.multi_batch else str(info.shape)
+
+    def _group_hint(self) -> str:
+        return f" (group {self.group}; the model's groups: {group_text(self.compiled)})" \
+            if len(self.view_groups()) > 1 else ""
+
+    def view_groups(self) -> list[int]:
+        return sorted({v.group for v in variants_of(self.compiled.metadata)})
 
     def batched_inputs(self, batch_size: int) -> list[TensorInfo]:
         """Input infos for ``batch_size`` samples stacked along axis 0 (what ``run_batches`` takes)."""
@@ -203,11 +271,23 @@ class Session:
 
     def run_batches(self, feeds: dict[str, np.ndarray], batch_size: int,
                     workers: int | None = None) -> dict[str, np.ndarray]:
-        """Run ``batch_size`` stacked samples one compiled batch at a time (``workers`` of them in
-        parallel, see :meth:`run_many`); outputs stacked on axis 0."""
+        """Run ``batch_size`` stacked samples: in a multi-batch model as its compiled batches (largest
+        first), else one compiled run per sample, ``workers`` of them in parallel (see
+        :meth:`run_many`); outputs stacked on axis 0."""
         if batch_size == 1:
             return self.run(feeds)
         self.batched_inputs(batch_size)
+        if self.view.multi_batch:
+            for info in self.inputs:
+                value = np.asarray(feeds[info.name]) if info.name in feeds else None
+                if value is not None and (value.ndim == 0 or value.shape[0] != batch_size):
+                    raise PulsarError(f'input "{info.name}": expected {batch_size} samples on axis 0 '
+                                      f"(--batch_size {batch_size}), got shape {value.shape}")
+            before, self.workers = self.workers, workers if workers is not None else self.workers
+            try:
+                return self.run(feeds)
+            finally:
+                self.workers = before
         parts: list[dict[str, np.ndarray]] = []
         for k in range(batch_size):
             part = {}
@@ -230,27 +310,33 @@ class Session:
 
     def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every tensor the model computes (inputs, per-layer tensors of every subgraph, outputs):
-        the integer tensors of NPU subgraphs, the float ones of CPU subgraphs."""
-        env = self._check_feeds(feeds)
-        for runner, (ins, _) in zip(self._runners, self._io, strict=True):
-            env.update(runner({n: env[n] for n in ins}, True))
+        the integer tensors of NPU subgraphs, the float ones of CPU subgraphs. (A subgraph that runs as
+        several compiled batches gives its outputs only.)"""
+        env, n = self._check_feeds(feeds)
+        for i, (ins, _) in enumerate(self._io):
+            env.update(self._run_subgraph(i, {k: env[k] for k in ins}, n, True))
         return env
 
     def run_isolated(self, feeds: dict[str, np.ndarray], given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every tensor, each subgraph (and each op of an NPU program) fed the values ``given`` holds
         for its inputs, e.g. another mode's ``run_all``: where two runs first disagree, per layer."""
-        env = self._check_feeds(feeds)
-        for runner, (ins, _) in zip(self._runners, self._io, strict=True):
-            local = {n: given.get(n, env.get(n)) for n in ins}
+        env, n = self._check_feeds(feeds)
+        for i, (ins, _) in enumerate(self._io):
+            local = {k: given.get(k, env.get(k)) for k in ins}
+            plan = self.view.plan(i, n, self.compiled.subgraphs[i].name)
+            runner = self._runner(i, plan[0])
             program = getattr(runner, "program", None)
-            env.update(run_steps_isolated(program, {**given, **local}) if program is not None else runner(local, True))
+            if program is not None and len(plan) == 1:
+                env.update(run_steps_isolated(program, {**given, **local}))
+            else:
+                env.update(self._run_subgraph(i, local, n, True))
         return env
 
     def run(
         self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None
     ) -> dict[str, np.ndarray]:
         """Run the model; ``output_names`` may also name tensors between subgraphs."""
-        env = self._check_feeds(feeds)
+        env, n = self._check_feeds(feeds)
         wanted = list(output_names) if output_names is not None else [o.name for o in self.outputs]
         known = {o.name for o in self.outputs} | {n for _, outs in self._io for n in outs} | set(env)
         for name in wanted:
@@ -261,12 +347,12 @@ class Session:
                 )
         # Only the subgraphs the wanted tensors depend on run.
         needed, todo = set(wanted), []
-        for i in reversed(range(len(self._runners))):
+        for i in reversed(range(len(self._io))):
             ins, outs = self._io[i]
             if needed & set(outs):
                 todo.append(i)
                 needed |= set(ins)
         for i in reversed(todo):
             ins, _ = self._io[i]
-            env.update(self._runners[i]({n: env[n] for n in ins}, False))
+            env.update(self._run_subgraph(i, {k: env[k] for k in ins}, n, False))
         return {name: env[name] for name in wanted}

@@ -219,8 +219,8 @@ def test_unknown_graph_input_type_is_checked(copy):
 
 
 def test_newer_format_with_valid_checksum(copy):
-    _tamper(copy, _set_prop("pulsar.format_version", "3"))
-    assert "newer pulsar (format 3" in _load_error(copy)
+    _tamper(copy, _set_prop("pulsar.format_version", "4"))
+    assert "newer pulsar (format 4" in _load_error(copy)
 
 
 def test_caller_metadata_is_free_but_known_keys_are_typed(tmp_path, compiled):

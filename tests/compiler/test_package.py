@@ -146,7 +146,7 @@ def test_qdq_model_container_structure(tmp_path):
     onnx.checker.check_model(loaded)
     props = {p.key: p.value for p in loaded.metadata_props}
     assert props["pulsar.format"] == "pulsar-compiled-model"
-    assert props["pulsar.format_version"] == str(FORMAT_VERSION) == "2"
+    assert props["pulsar.format_version"] == str(FORMAT_VERSION) == "3"
     assert props["pulsar.version"]
     assert props["pulsar.target_hardware"] == "AX650"  # a string is stored as it is, not JSON-quoted
     domains = {op.domain: op.version for op in loaded.opset_import}
@@ -170,7 +170,7 @@ def test_qdq_model_container_structure(tmp_path):
     compiled = load_compiled(path)
     assert compiled.metadata["inputs"] == [{"name": "images", "dtype": "float32", "shape": [1, 3, 8, 8]}]
     assert compiled.metadata["outputs"][0]["name"] == "output:0"
-    assert compiled.format_version == 2
+    assert compiled.format_version == 3
     sg = compiled.subgraphs[1]
     assert (sg.name, sg.kind) == ("npu_0", "npu") and sg.reference is not None
     assert "w_q" in {t.name for t in sg.graph.initializer} and "w_q" in {t.name for t in sg.reference.initializer}
@@ -351,7 +351,7 @@ def test_newer_format_version(compiled_path):
                 p.value = "99"
 
     _edit(compiled_path, bump)
-    with pytest.raises(PulsarError, match=r"newer pulsar \(format 99, this pulsar reads up to 2\)") as exc:
+    with pytest.raises(PulsarError, match=r"newer pulsar \(format 99, this pulsar reads up to 3\)") as exc:
         load_compiled(compiled_path)
     assert "upgrade pulsar" in _one_line(exc)
 

@@ -222,15 +222,16 @@ def test_refine_weight_threshold_floors_tiny_weight_channels(tmp_path, tiny, tin
 
 
 def test_processors_make_the_compiled_model_take_the_deployed_input(tmp_path, tiny, tiny_config):
-    """NHWC uint8 BGR in, mean / std inside; an U8 NHWC output; extra shapes recorded."""
+    """NHWC uint8 BGR in, mean / std inside; an U8 NHWC output; an extra shape (model layout) compiled."""
     tiny_config["input_processors"] = [{"tensor_name": "image", "tensor_format": "BGR", "src_format": "BGR",
                                         "src_layout": "NHWC", "src_dtype": "U8",
                                         "mean": [10.0, 20.0, 30.0], "std": [50.0, 60.0, 70.0],
-                                        "src_extra_shapes": [{"shape": [1, 32, 32, 3]}]}]
+                                        "src_extra_shapes": [{"shape": [1, 3, 32, 32]}]}]
     res = pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {"compiler.check": 2}, quiet=True)
     sess = pulsar.Session(res.compiled_model)
     assert sess.inputs[0].shape == (1, 16, 16, 3) and sess.inputs[0].dtype == np.uint8
-    assert sess.metadata["input_extra_shapes"] == {"image": [[1, 32, 32, 3]]}
+    group1 = pulsar.Session(res.compiled_model, group=1)
+    assert group1.inputs[0].shape == (1, 32, 32, 3) and group1.inputs[0].dtype == np.uint8
     raw = np.random.default_rng(3).integers(0, 256, (1, 16, 16, 3), dtype=np.uint8)
     normalized = ((raw.astype(np.float32) - np.float32([10, 20, 30])) / np.float32([50, 60, 70])).transpose(0, 3, 1, 2)
     want = _qdq_reference(res.quantized_model, {"image": np.ascontiguousarray(normalized)})["logits"]

@@ -223,7 +223,7 @@ CASES = [
     Case("model_bit_flip_in_weight", _bytes_edit(_flip_weight), ("m.pulsar", "checksum mismatch", "rebuild")),
     Case("model_checksum_damaged", _bytes_edit(_flip_digest), ("m.pulsar", "checksum mismatch")),
     Case("model_plain_onnx", _plain_onnx, ("plain.onnx", "not a pulsar compiled model")),
-    Case("model_newer_format", _tamper(_prop("pulsar.format_version", "3")), ("newer pulsar (format 3", "upgrade")),
+    Case("model_newer_format", _tamper(_prop("pulsar.format_version", "4")), ("newer pulsar (format 4", "upgrade")),
     Case("model_unknown_option", _tamper(_npu_attr("options", b'{"turbo": true}')),
          ("m.pulsar", "npu_0", "unknown option 'turbo'")),
     Case("model_option_wrong_type", _tamper(_npu_attr("options", b'{"lut_items_in_bits": "many"}')),

@@ -28,7 +28,7 @@ def test_info_prints_the_summary_on_stdout(model, tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     meta = load_compiled(model).metadata
-    for needle in [str(model), "pulsar-compiled-model version 2", f"pulsar {pulsar.__version__}", "(verified)",
+    for needle in [str(model), "pulsar-compiled-model version 3", f"pulsar {pulsar.__version__}", "(verified)",
                    "VNPU-M", "NPU1", str(meta["config_hash"]), "tiny.onnx", "MinMax",
                    f"{meta['estimate']['cycles']:,} cycles",  # type: ignore[index]
                    "image", "float32", "1x16x16x3", "NHWC", "logits", "1x10",

@@ -139,8 +139,8 @@ def _zero_point_type(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -
     return TensorProto.UINT8 if len(node.input) <= 2 else None
 
 
-def infer_types(model: onnx.ModelProto) -> dict[str, TensorType]:
-    """Elem type and shape of every tensor, with com.microsoft Q / DQ read as Casts."""
+def inferable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` that onnx shape inference understands: com.microsoft Q / DQ as Casts."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -156,7 +156,12 @@ def infer_types(model: onnx.ModelProto) -> dict[str, TensorType]:
             nodes.append(node)
     del g.node[:]
     g.node.extend(nodes)
-    m = infer_shapes(m)
+    return m
+
+
+def infer_types(model: onnx.ModelProto) -> dict[str, TensorType]:
+    """Elem type and shape of every tensor, with com.microsoft Q / DQ read as Casts."""
+    m = infer_shapes(inferable(model))
     types: dict[str, TensorType] = {}
     for vi in [*m.graph.value_info, *m.graph.input, *m.graph.output]:
         t = vi.type.tensor_type
