@@ -166,7 +166,7 @@ def _reshape_target(shape: list[int], target: list[int], allowzero: bool) -> lis
     return out if int(np.prod(out) if out else 1) == total else None
 
 
-def _check(model: onnx.ModelProto, what: str, hint: str) -> onnx.ModelProto:
+def _check(model: onnx.ModelProto, what: str, hint: str) -> None:
     """Strict shape inference of the re-shaped graph plus the Reshape element counts."""
     try:
         inferred = onnx.shape_inference.infer_shapes(inferable(model), check_type=False, strict_mode=True,
@@ -190,7 +190,39 @@ def _check(model: onnx.ModelProto, what: str, hint: str) -> onnx.ModelProto:
         if _reshape_target(shape, target, allowzero) is None:
             raise PulsarError(f"{what}: Reshape {node.name!r} cannot reshape {shape} to its constant shape {target} "
                               f"(input {node.input[1]!r}); {hint}")
-    return model
+
+
+_ORT_ERROR = re.compile(r"running (?P<op>\w+) node\. Name:'(?P<node>[^']*)' Status Message: (?P<msg>.*)", re.S)
+
+
+def _run_once(model: onnx.ModelProto, what: str, hint: str) -> None:
+    """Run the re-shaped graph once on zeros in onnxruntime: what shape inference does not check (a
+    convolution's channels, a broadcast) fails here, naming the node."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # errors name the model's nodes
+    options.log_severity_level = 3
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape],
+                                  np.dtype(_ORT_TYPES.get(i.type, "float32"))) for i in sess.get_inputs()}
+        sess.run(None, feeds)
+    except Exception as exc:  # onnxruntime raises its own exception types
+        text = str(exc)
+        m = _ORT_ERROR.search(text)
+        if m is None:
+            first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+            raise PulsarError(f"{what}: the graph cannot run at these input dims ({first}); {hint}") from None
+        msg = m["msg"].strip().splitlines()[0]
+        raise PulsarError(f"{what}: node {m['node']!r} ({m['op']}) cannot take these input dims ({msg}); "
+                          f"{hint}") from None
+
+
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
+              "tensor(uint16)": "uint16", "tensor(int16)": "int16", "tensor(int32)": "int32",
+              "tensor(int64)": "int64", "tensor(float16)": "float16", "tensor(double)": "float64",
+              "tensor(bool)": "bool"}
 
 
 def reshaped(qmodel: onnx.ModelProto, shapes: dict[str, list[int]], *, batch: int, ir_fix: bool,
@@ -233,4 +265,6 @@ def reshaped(qmodel: onnx.ModelProto, shapes: dict[str, list[int]], *, batch: in
                 "input with const_processors, or compile without multi-batch")
     else:
         hint = "drop this shape from src_extra_shapes, or patch the node's constants with const_processors"
-    return _check(model, what, hint), fixes
+    _check(model, what, hint)
+    _run_once(model, what, hint)
+    return model, fixes

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -32,7 +33,8 @@ from pulsar.errors import PulsarError
 def _infos(entries: list[dict[str, object]]) -> list[TensorInfo]:
     out = []
     for e in entries:
-        shape = tuple(d if isinstance(d, int) else -1 for d in e["shape"])  # type: ignore[union-attr]
+        dims = cast("list[object]", e["shape"])  # checked when loaded: a list of dims
+        shape = tuple(d if isinstance(d, int) else -1 for d in dims)
         out.append(TensorInfo(str(e["name"]), shape, np.dtype(str(e["dtype"]))))
     return out
 
