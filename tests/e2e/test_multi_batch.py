@@ -242,3 +242,22 @@ def test_damaged_variant_attributes_are_one_line(static, tmp_path):
     with pytest.raises(PulsarError, match=r"subgraph 'npu_0' variant_ids \[0, 1, 7\] name variants the metadata "
                                           r"does not list \(3\).*rebuild it"):
         load_compiled(bad)
+
+
+def test_a_sub_config_range_has_its_own_batches(tiny, tmp_path):
+    """static_batch_sizes of one compiler.sub_configs range: its NPU subgraph holds batches 1, 2, 4, the
+    rest of the model batch 1 only; any batch still equals single samples."""
+    cfg = {"quant": {"input_configs": [{"tensor_name": "image", "calibration_dataset": str(tiny["calib"]),
+                                        "calibration_format": "Numpy", "calibration_size": 8}]},
+           "compiler": {"check": 2, "sub_configs": [{"start_tensor_names": ["r1"], "end_tensor_names": ["r2"],
+                                                     "static_batch_sizes": [1, 2, 4]}]}}
+    res = pulsar.build(tiny["model"], tmp_path / "out", cfg, quiet=True)
+    compiled = load_compiled(res.compiled_model)
+    variants = [(v["group"], v["batch"]) for v in compiled.metadata["variants"]]
+    batches = {sg.name: sorted(variants[k][1] for k in sg.variant_ids) for sg in compiled.subgraphs if sg.kind == "npu"}
+    ranged = [sg.name for sg in compiled.subgraphs if sg.options.get("sub_config") == 0]
+    assert len(ranged) == 1 and batches.pop(ranged[0]) == [1, 2, 4]
+    assert batches and all(b == [1] for b in batches.values())
+    sess = pulsar.Session(res.compiled_model)
+    assert f"{ranged[0]}: 4 + 4 + 1" in sess.batch_plan(9)
+    _assert_batches_equal_singles(res.compiled_model)
