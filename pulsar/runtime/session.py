@@ -11,7 +11,9 @@ How one subgraph body runs is chosen by ``mode`` from a small registry:
   precision analysis uses), not onnxruntime's own integer kernels; CPU subgraphs as above.
 
 Both modes exchange the same integer tensors at NPU borders, so a CPU subgraph never knows which
-mode produced its input. Several samples (``run_many``, ``run_batches``) run in parallel threads,
+mode produced its input. A model with variants (container format 3) runs one shape group (``group``)
+and, when multi-batch, any number of samples: each subgraph runs them as its compiled batches
+(:mod:`pulsar.runtime.batching`), its runners prepared per variant on first use. Several samples (``run_many``, ``run_batches``) run in parallel threads,
 one core each (:mod:`pulsar.runtime.parallel`).
 """
 
