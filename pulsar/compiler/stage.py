@@ -210,21 +210,19 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> CompilerOutput:
     counts = _show_placement(ctx, lowered, qmodel, deployed, placement)
     _show_sub_configs(lowered, subs)
     meta["estimate"] = _estimate(ctx, lowered)
-    variants, by_variant, mode, chosen, axes = build_variants(cfg, qmodel, probe, lower, _subgraph_times(ctx), subs)
-    top = by_variant[variants[0]].lowering
-    several = len(variants) > 1 or mode is not None
-    if several:
-        estimates = _variant_estimates(ctx, variants, by_variant)
-        meta["estimate"] = estimates[variants[0]]
-        meta.update(metadata_for(variants, by_variant, mode, axes, estimates))
+    built = build_variants(cfg, qmodel, probe, lower, _subgraph_times(ctx), subs)
+    top = built.lowered[built.order[0]].lowering
+    if built.several:
+        estimates = _variant_estimates(ctx, built.order, built.lowered)
+        meta["estimate"] = estimates[built.order[0]]
+        meta.update(metadata_for(built, estimates))
     meta["inputs"] = tensor_infos(top.inputs)
     meta["outputs"] = tensor_infos(top.outputs)
     meta["cpu_fallbacks"] = [{"node": f.node, "op_type": f.op_type, "reason": f.reason} for f in lowered.fallbacks]
     meta["op_counts"] = counts.to_json()
-    subgraphs = merge(variants, by_variant, lambda sg, b: mode is None or sg.kind != "npu" or b in chosen[sg.name]) \
-        if several else lowered.subgraphs
+    subgraphs = merge(built) if built.several else lowered.subgraphs
     path = package(subgraphs, inputs=top.inputs, outputs=top.outputs,
                    opset_imports=lowered.opset_imports, metadata=meta, path=ctx.path(cfg.output_name),
                    ir_version=deployed.ir_version)
     ctx.artifacts["compiled model"] = path
-    return CompilerOutput(path, deployed, subs, cpu_nodes, {v: by_variant[v].deployed for v in variants})
+    return CompilerOutput(path, deployed, subs, cpu_nodes, {v: built.lowered[v].deployed for v in built.order})

@@ -199,36 +199,43 @@ def batch_axes(at1: LoweredModel, atb: LoweredModel, b: int) -> dict[str, int]:
 
 
 @dataclass
-class VariantSet:
-    """Everything compiled: variants in order (variant 0 = group 0 at the largest batch), the merged
-    subgraphs, the lowering of each variant and the metadata entries."""
+class Variants:
+    """What a build compiled: the variants in order (variant 0 = group 0 at the largest batch), the
+    lowering of each, the batch mode, each NPU subgraph's batches, the border tensors' batch axes."""
 
-    variants: list[Variant]
-    subgraphs: list[Subgraph]
+    order: list[Variant]
     lowered: dict[Variant, Lowered]
-    metadata: dict[str, object]
+    mode: str | None = None
+    batches: dict[str, list[int]] = field(default_factory=dict)
+    axes: dict[str, int] = field(default_factory=dict)
 
     @property
-    def primary(self) -> Lowered:
-        return self.lowered[self.variants[0]]
+    def several(self) -> bool:
+        """Whether the model needs the variant entries (more than one body, or multi-batch)."""
+        return len(self.order) > 1 or self.mode is not None
+
+    def keeps(self, sg: Subgraph, batch: int) -> bool:
+        """NPU subgraphs keep their own batches, CPU subgraphs every compiled one."""
+        return self.mode is None or sg.kind != "npu" or batch in self.batches[sg.name]
 
 
-def merge(variants: list[Variant], lowered: dict[Variant, Lowered], keep: Callable[[Subgraph, int], bool]
-          ) -> list[Subgraph]:
+def merge(built: Variants) -> list[Subgraph]:
     """One Subgraph per split position with a body per kept variant (first kept one = ``graph``)."""
-    base = lowered[variants[0]].lowering
+    order, lowered = built.order, built.lowered
+    base = lowered[order[0]].lowering
     merged = []
     for i, sg in enumerate(base.subgraphs):
-        ids = [k for k, v in enumerate(variants) if keep(lowered[v].lowering.subgraphs[i], v.batch)]
-        bodies = [(lowered[variants[k]].lowering.subgraphs[i].graph,
-                   lowered[variants[k]].lowering.subgraphs[i].reference) for k in ids]
+        ids = [k for k, v in enumerate(order) if built.keeps(lowered[v].lowering.subgraphs[i], v.batch)]
+        bodies = [(lowered[order[k]].lowering.subgraphs[i].graph,
+                   lowered[order[k]].lowering.subgraphs[i].reference) for k in ids]
         merged.append(Subgraph(sg.name, sg.kind, bodies[0][0], sg.options, bodies[0][1], ids, bodies[1:]))
     return merged
 
 
-def metadata_for(variants: list[Variant], lowered: dict[Variant, Lowered], mode: str | None,
-                 axes: dict[str, int], estimates: dict[Variant, dict[str, Any]]) -> dict[str, object]:
-    if len(variants) == 1 and mode is None:
+def metadata_for(built: Variants, estimates: dict[Variant, dict[str, Any]]) -> dict[str, object]:
+    """The ``pulsar.variants`` / ``shape_groups`` / ``batch_*`` entries (none for a single variant)."""
+    variants, lowered, mode, axes = built.order, built.lowered, built.mode, built.axes
+    if not built.several:
         return {}
     groups = sorted({v.group for v in variants})
     unit = min(v.batch for v in variants)
@@ -254,10 +261,8 @@ def metadata_for(variants: list[Variant], lowered: dict[Variant, Lowered], mode:
 
 
 def build_variants(cfg: Any, qmodel: onnx.ModelProto, probe: Lowered, lower: Lower, times: SubgraphTimes,
-                   subs: list[SubRange]) -> tuple[list[Variant], dict[Variant, Lowered], str | None,
-                                                  dict[str, list[int]], dict[str, int]]:
-    """Lower every variant the config asks for. Returns the variants in order, their lowerings, the
-    batch mode, each NPU subgraph's batches and the border tensors' batch axes."""
+                   subs: list[SubRange]) -> Variants:
+    """Lower every variant the config asks for (``probe``: group 0 at batch 1, already lowered)."""
     groups = shape_groups(cfg, qmodel)
     req = batch_request(cfg.compiler, subs)
     ir_fix = not cfg.compiler.disable_ir_fix
@@ -298,5 +303,5 @@ def build_variants(cfg: Any, qmodel: onnx.ModelProto, probe: Lowered, lower: Low
         log.info("extra input shape, group %d: %s", g, ", ".join(f"{n} {s}" for n, s in groups[g].items()))
         for b in union:
             lowered[Variant(g, b)] = at(g, b)
-    variants = [Variant(g, b) for g in range(len(groups)) for b in sorted(union, reverse=True)]
-    return variants, lowered, mode, chosen, axes
+    order = [Variant(g, b) for g in range(len(groups)) for b in sorted(union, reverse=True)]
+    return Variants(order, lowered, mode, chosen, axes)
