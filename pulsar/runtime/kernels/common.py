@@ -4,6 +4,11 @@ Requantization is ``clamp(rshift_round(acc * M, N) + out_zp, out_min, out_max)``
 generic form follows that text literally; :class:`Requant` evaluates the same integer function
 faster when the accumulator bound proves it safe: in float64 when every intermediate is an integer
 (times a power of two) below 2**53, else folded into one int64 multiply, add and shift.
+
+8- and 16-bit results leave float64 through :func:`blocked_shifted`: the value is computed minus
+``out_min`` (so it is >= 0 once clamped), and the float -> integer cast, which truncates, is then
+the floor; adding ``out_min`` back wraps modulo 2**bits, which is the signed code's bit pattern.
+Those passes run over cache-sized blocks, so the float64 temporaries never go out to memory.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +106,67 @@ def scratch_like(key: str, like: Any, dtype: Any) -> Any:
     if like.dim() == 4 and like.is_contiguous(memory_format=torch.channels_last):
         return scratch(key, tuple(like.shape), dtype, channels_last=True)
     return torch.empty_like(like, dtype=dtype)
+
+
+def shifts(spec: OutSpec) -> bool:
+    """Whether :func:`blocked_shifted` can finish outputs of ``spec`` (8- and 16-bit types)."""
+    return spec.dtype.itemsize <= 2
+
+
+_UNSIGNED = {1: "uint8", 2: "uint16"}
+
+# elements per cache block of the float64 evaluations: their temporaries (8 + 4 bytes an element)
+# stay in the L2 / L3 caches instead of streaming through memory once per pass
+BLOCK = 1 << 19
+
+
+def in_memory_order(t: Any) -> tuple[Any, bool]:
+    """(``t`` permuted to its memory order, channels_last): a view of a contiguous or channels-last
+    (then NHWC) tensor, a contiguous copy of any other layout."""
+    import torch
+
+    cl = t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+    return (t.permute(0, 2, 3, 1) if cl else t.contiguous()), cl
+
+
+def blocked_shifted(count: int, tail: tuple[int, ...], spec: OutSpec, fill: Callable[[Any, int, int], None],
+                    safe32: bool) -> Any:
+    """Evaluate an exact float64 form :data:`BLOCK` elements at a time into a fresh unsigned tensor of
+    the output width, shape ``(count, *tail)``: ``fill(t, i, j)`` writes ``v - out_min`` for rows
+    ``[i, j)`` into the float64 block ``t``; the block is clamped to ``[0, out_max - out_min]`` and
+    truncated (the floor, on values >= 0) through int32. With ``safe32`` (every ``|v - out_min| <
+    2**31``, proven by the caller) the truncation runs first and the clamp on int32: truncating a
+    value in (-1, 0) gives 0 where the floor gives -1, and both clamp to 0."""
+    import torch
+
+    out = torch.empty((count, *tail), dtype=getattr(torch, _UNSIGNED[spec.dtype.itemsize]))
+    step = max(1, BLOCK // max(math.prod(tail), 1))
+    top = spec.hi - spec.lo
+    for i in range(0, count, step):
+        j = min(i + step, count)
+        t = scratch("float_form", (j - i, *tail), torch.float64)
+        fill(t, i, j)
+        q = scratch("float_form/int32", (j - i, *tail), torch.int32)
+        if safe32:
+            q.copy_(t)
+            q.clamp_(0, top)
+        else:
+            t.clamp_(0, top)
+            q.copy_(t)
+        out[i:j].copy_(q)
+    return out
+
+
+def shifted_codes(out: Any, spec: OutSpec, shape: tuple[int, ...], cl: bool) -> np.ndarray:
+    """The output codes from the unsigned tensor ``out`` (``y - out_min`` in memory order), reshaped
+    to the memory-order ``shape`` and laid out as the input was (a channels-last NCHW view when
+    ``cl``): ``+ out_min`` modulo 2**bits is the signed code's bit pattern, so a view gives the
+    signed dtype."""
+    codes = out.numpy().reshape(shape)
+    if spec.lo:
+        np.add(codes, codes.dtype.type(spec.lo % (1 << (8 * codes.dtype.itemsize))), out=codes)
+    codes = codes if codes.dtype == spec.dtype else codes.view(spec.dtype)
+    return codes.transpose(0, 3, 1, 2) if cl else codes
 
 
 def finish_float(t: Any, spec: OutSpec) -> np.ndarray:
@@ -228,9 +295,12 @@ class Requant:
     of the same integer function are prepared when the bound proves them exact:
 
     - float64 (torch accumulators): ``y = floor(acc * r + c)`` with ``r = M * 2**-N`` and
-      ``c = (bias*M + 2**(N-1) + (zp << N)) * 2**-N``. Both terms are integers times ``2**-N``; when
-      ``|M| * bound + |bias*M + 2**(N-1) + (zp << N)| < 2**53`` every product and sum is exactly
-      representable, so the float operations are exact and the floor is the rounding shift.
+      ``c = (bias*M + 2**(N-1) + ((zp - base) << N)) * 2**-N``. Both terms are integers times
+      ``2**-N``; when ``|M| * bound + |bias*M + 2**(N-1) + ((zp - base) << N)| < 2**53`` every product
+      and sum is exactly representable, so the float operations are exact and the floor is the
+      rounding shift. For 8- / 16-bit outputs ``base`` is ``out_min`` when that keeps the bound, and
+      the form runs in cache-sized blocks that end in an unsigned cast (:func:`blocked_shifted`);
+      otherwise ``base`` is 0 and :func:`finish_float` floors and clamps.
     - folded int64: ``(acc * M' + off) >> S`` with ``S = max N``, ``M' = M << (S - N)``,
       ``off = bias * M' + 2**(S-1) + (zp << S)``: shifting numerator and divisor by the same power of
       two leaves the floor unchanged, and an integer added before ``>> S`` as ``k << S`` comes out
@@ -247,11 +317,20 @@ class Requant:
         self.spec = spec
         self.fast: tuple[np.ndarray, np.ndarray, int] | None = None
         self.exact64: tuple[np.ndarray, np.ndarray] | None = None
+        self.shifted = False  # the float64 form gives the result minus out_min (blocked_shifted)
+        self.safe32 = False  # ... and each of those values lies inside int32
         if bound is not None:
-            self.fast = self._fold(np.asarray(bound))
-            self.exact64 = self._float_form(np.asarray(bound))
+            b = np.asarray(bound)
+            self.fast = self._fold(b)
+            form = self._float_form(b, spec.lo) if shifts(spec) else None
+            self.shifted = form is not None
+            form = form or self._float_form(b, 0)
+            if form is not None:
+                self.exact64 = form[:2]
+                self.safe32 = self.shifted and form[2]
         self._torch: tuple[Any, Any] | None = None
         self._torch64: tuple[Any, Any, tuple[int, ...]] | None = None
+        self._layouts: dict[tuple[int, bool], tuple[int, Any, Any]] = {}
         self._shape_ok: dict[tuple[int, ...], bool] = {}
 
     def _fold(self, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
@@ -266,10 +345,11 @@ class Requant:
             return None
         return np.asarray(mp, dtype=np.int64), np.asarray(off, dtype=np.int64), s
 
-    def _float_form(self, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """(r, c) float64 arrays of the exact float64 form, or None when the bound does not prove it."""
+    def _float_form(self, bound: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray, bool] | None:
+        """(r, c, every value inside int32): float64 arrays of the exact float64 form giving the result
+        minus ``base``, or None when the bound does not prove it exact."""
         mo, no = self.m.astype(object), self.n.astype(object)
-        off = np.where(self.n > 0, 2 ** np.maximum(no - 1, 0), 0) + self.spec.zp * 2 ** no
+        off = np.where(self.n > 0, 2 ** np.maximum(no - 1, 0), 0) + (self.spec.zp - base) * 2 ** no
         if self.bias is not None:
             off = off + self.bias.astype(object) * mo
         off = np.asarray(off, dtype=object)
@@ -277,10 +357,13 @@ class Requant:
         if (worst.size == 0 or int(np.max(worst)) >= FLOAT64_EXACT or int(np.max(np.abs(mo))) >= FLOAT64_EXACT
                 or int(np.max(np.abs(off))) >= FLOAT64_EXACT):
             return None
+        # per element |value| <= worst * 2**-N, below 2**31 when floor(worst * 2**-N) < 2**31 - 1
+        shape = np.broadcast_shapes(worst.shape, self.n.shape)
+        safe32 = int(np.max(np.broadcast_to(worst, shape) // np.broadcast_to(2 ** no, shape))) < (1 << 31) - 1
         # integers below 2**53 convert exactly; scaling by 2**-N (N <= 62) is exact
         r = np.asarray(np.ldexp(self.m.astype(np.float64), -self.n))
         c = np.asarray(np.ldexp(off.astype(np.float64), -self.n))
-        return r, c
+        return r, c, safe32
 
     def __call__(self, acc: np.ndarray) -> np.ndarray:
         """Requantize an int64 numpy accumulator (modified in place when the folded form runs)."""
@@ -297,7 +380,7 @@ class Requant:
         return requant(acc, self.m, self.n, self.spec)
 
     def torch(self, acc: Any) -> np.ndarray:
-        """Requantize a torch accumulator holding exact integers (float32 / float64 / int64).
+        """Requantize a torch accumulator holding exact integers (float32 / float64 / int32 / int64).
 
         The result keeps ``acc``'s memory layout (channels-last stays channels-last)."""
         import torch
@@ -338,9 +421,70 @@ class Requant:
             self._shape_ok[shape] = ok
         return ok
 
+    def _layout(self, ndim: int, cl: bool) -> tuple[int, Any, Any]:
+        """How the blocks walk an accumulator of rank ``ndim`` in memory order (NHWC when ``cl``): the
+        number k of leading axes neither r nor c varies along (flattened into the rows), and r, c
+        shaped for the remaining axes (floats when scalar)."""
+        layout = self._layouts.get((ndim, cl))
+        if layout is None:
+            import torch
+
+            r, c = self.exact64  # type: ignore[misc]
+            perm = (0, 2, 3, 1) if cl else tuple(range(ndim))
+
+            def aligned(a: np.ndarray) -> np.ndarray:
+                return a.reshape((1,) * (ndim - a.ndim) + a.shape).transpose(perm)
+
+            shape = np.broadcast_shapes(aligned(r).shape, aligned(c).shape)
+            k = next((i for i, d in enumerate(shape) if d != 1), ndim)
+
+            def tail(a: np.ndarray) -> Any:
+                return torch.from_numpy(np.ascontiguousarray(aligned(a).reshape(aligned(a).shape[k:])))
+
+            if r.size == 1 and c.size == 1:
+                layout = (k, float(r.reshape(-1)[0]), float(c.reshape(-1)[0]))
+            else:
+                layout = (k, tail(r), tail(c))
+            self._layouts[(ndim, cl)] = layout
+        return layout
+
+    def by_rows(self, shape: tuple[int, ...], cl: bool, produce: Callable[[int, int], Any]) -> np.ndarray | None:
+        """Requantize an accumulator of logical ``shape`` that ``produce(i, j)`` delivers as rows
+        ``[i, j)`` of its memory order (NHWC when ``cl``; a row is the last memory axis), so a kernel
+        can compute its sums block by block into cache-resident scratch (any dtype holding the exact
+        integers). None when the blocked float form does not apply: 8- / 16-bit outputs only, and
+        M / N / bias must not vary along the rows' axes."""
+        if not self.shifted or not self._exact_shape(shape):
+            return None
+        k, r, c = self._layout(len(shape), cl)
+        if k < len(shape) - 1:
+            return None
+        mem = (shape[0], *shape[2:], shape[1]) if cl else shape
+        out = self._blocks(math.prod(mem[:-1]), mem[-1:], produce, r, c)
+        return shifted_codes(out, self.spec, mem, cl)
+
+    def _blocks(self, count: int, tail: tuple[int, ...], produce: Callable[[int, int], Any], r: Any,
+                c: Any) -> Any:
+        import torch
+
+        def fill(t: Any, i: int, j: int) -> None:
+            t.copy_(produce(i, j))
+            if isinstance(r, float):
+                t.mul_(r).add_(c)
+            else:
+                torch.addcmul(c, t, r, out=t)
+
+        return blocked_shifted(count, tail, self.spec, fill, self.safe32)
+
     def _torch_float(self, acc: Any) -> np.ndarray:
         import torch
 
+        if self.shifted:
+            mem, cl = in_memory_order(acc)
+            k, r, c = self._layout(acc.dim(), cl)
+            rows = mem.reshape(-1, *mem.shape[k:])
+            out = self._blocks(rows.shape[0], tuple(rows.shape[1:]), lambda i, j: rows[i:j], r, c)
+            return shifted_codes(out, self.spec, tuple(mem.shape), cl)
         r, c, _ = self._torch64  # type: ignore[misc]
         t = scratch_like("requant", acc, torch.float64)
         t.copy_(acc)

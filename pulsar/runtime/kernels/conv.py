@@ -11,10 +11,26 @@ into the bias when the raw bound keeps float32 exact: one pass over the input le
 2-D convolutions run channels-last (torch's fastest CPU layout; the summation order does not matter
 for exact integer sums) and their outputs keep that memory layout: numpy arrays of the logical NCHW
 shape with NHWC strides, which the next convolution reads without a copy.
+
+8-bit activations with int8 weights skip the float input copy on CPUs with VNNI (see
+:func:`int8_matmul` and :func:`int8_conv` for when the int8 kernels are trusted):
+
+- A stride-1 2-D 1x1 convolution is a matrix product ``[N*H*W, Cin] @ [Cin, Cout]`` over the NHWC
+  rows, on int8 with int32 sums (``torch._int_mm``, several times the float32 speed): uint8 codes
+  enter as ``x - 128`` and ``(128 - x_zp) * sum(w_c)`` joins the bias. (Without the int8 kernel the
+  product runs in float.) It runs block by block into a per-thread scratch buffer, each block
+  requantized while it is in cache (:meth:`Requant.by_rows`): a batched body's full sums would be
+  tens of MiB streamed through memory twice, and a fresh allocation that large is mapped from the OS
+  at every call.
+- Other 2-D convolutions with symmetric pads run on oneDNN's quantized convolution with unit scales
+  and float32 output: the uint8 codes and ``x_zp`` go in as they are (oneDNN pads with the zero
+  point, i.e. real 0), the int32 sums come out converted to float32, exact under the same 2**24
+  bound as the float32 path.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -37,6 +53,75 @@ from pulsar.runtime.kernels.common import (
     str_attr,
     to_torch,
 )
+
+INT32_LIMIT = 1 << 31
+
+
+def _vnni_torch() -> bool:
+    """torch >= 2.6 on a CPU with VNNI. Without VNNI oneDNN's int8 kernels add u8 x s8 pairs in
+    saturating 16-bit lanes (pytorch#136746; torch 2.6 sends ``_int_mm`` to a slow reference loop
+    there instead)."""
+    import torch
+
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2] if p.isdigit())
+    return version >= (2, 6) and bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
+
+
+@functools.lru_cache(maxsize=1)
+def int8_matmul() -> bool:
+    """Whether ``torch._int_mm`` (int8 x int8 -> int32) is exact and fast here: :func:`_vnni_torch`,
+    and equal to the exact products on extreme operands (every pair at +-127 / -128, where a
+    saturating kernel would fail)."""
+    import torch
+
+    if not _vnni_torch():
+        return False
+    a = torch.tensor([[127] * 64, [-128] * 64, [127, -128] * 32] * 11, dtype=torch.int8)
+    b = torch.tensor([[127] * 3 + [-128] * 3 + [127, -128] * 5] * 64, dtype=torch.int8)
+    try:
+        return bool(torch.equal(torch._int_mm(a, b), a.to(torch.int64).mm(b.to(torch.int64)).to(torch.int32)))
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def _onednn_conv(x: Any, zp: int, packed: Any, ones: Any, zeros: Any, strides: list[int], pads: list[int],
+                 dilations: list[int], group: int) -> Any:
+    """oneDNN's quantized 2-D convolution (the x86 inductor op) with unit scales and float32 output:
+    ``sum (x - zp) * w`` over uint8 ``x`` and the prepacked int8 weights, as float32."""
+    import torch
+
+    return torch.ops.onednn.qconv2d_pointwise(x, 1.0, zp, packed, ones, zeros, None, strides, pads, dilations,
+                                              group, 1.0, 0, torch.float32, "none", [], "")
+
+
+@functools.lru_cache(maxsize=1)
+def int8_conv() -> bool:
+    """Whether oneDNN's quantized convolution (:func:`_onednn_conv`) returns the exact integer sums
+    here: :func:`_vnni_torch`, the op present, and equal to exact sums on extreme operands (codes 0
+    and 255 against weights -128 and 127, zero points 0 / 200 / 255, a grouped and a depthwise case;
+    every |sum| stays below 2**24, so float32 holds it)."""
+    import torch
+    import torch.nn.functional as F
+
+    if not _vnni_torch():
+        return False
+    x = torch.full((2, 8, 6, 5), 255, dtype=torch.uint8)
+    x[0, :, ::2] = 0
+    x[1, ::3] = 0
+    try:
+        for group, cin in ((1, 8), (2, 4), (8, 1)):
+            w = torch.full((8, cin, 3, 3), 127, dtype=torch.int8)
+            w[::2, :, 1] = -128
+            ones, zeros = torch.ones(8), torch.zeros(8, dtype=torch.int64)
+            for zp in (0, 200, 255):
+                packed = torch.ops.onednn.qconv_prepack(w, ones, 1.0, zp, [1, 2], [1, 1], [1, 1], group, None)
+                got = _onednn_conv(x, zp, packed, ones, zeros, [1, 2], [1, 1], [1, 1], group)
+                want = F.conv2d(x.double() - zp, w.double(), None, [1, 2], [1, 1], [1, 1], group)
+                if not torch.equal(got.double(), want):
+                    return False
+    except (RuntimeError, AttributeError):
+        return False
+    return True
 
 
 def spatial_attr(attrs: dict[str, Any], name: str, nd: int, default: int) -> list[int]:
@@ -91,6 +176,9 @@ class _Weights:
         self.unpadded = not transposed and not any(self.pads)
         self.sumw = w.reshape(w.shape[0], -1).sum(axis=1) if self.unpadded else None
         self.top = int(self.sumabs.max()) if self.sumabs.size else 0  # the largest sum |w_c|
+        # 1x1, one group, stride 1, no padding: a matrix product over the channels
+        self.pointwise = (not transposed and self.nd == 2 and group == 1 and w.shape[2:] == (1, 1)
+                          and not any(self.pads) and self.strides == [1, 1])
         self.cout = int(self.sumabs.size)
         self.w = w
         self.spec = spec
@@ -98,6 +186,7 @@ class _Weights:
         self.m = channel_param(m, "M", self.cout, self.nd)
         self.n = check_shift(channel_param(n, "N", self.cout, self.nd))
         self._torch_w: dict[str, Any] = {}
+        self._packed: dict[tuple[int, tuple[int, ...]], Any] = {}
         self._rq: dict[tuple[int, int], Requant] = {}
         self._plans: dict[np.dtype, tuple[int, str | None, Requant]] = {}
 
@@ -115,6 +204,85 @@ class _Weights:
                 wt = wt.contiguous(memory_format=torch.channels_last)
             self._torch_w[kind] = wt
         return self._torch_w[kind]
+
+    def matrix(self, kind: str) -> Any:
+        """The weights of a pointwise convolution as a [Cin, Cout] matrix of ``kind`` (a float type or
+        int8)."""
+        key = f"matrix/{kind}"
+        if key not in self._torch_w:
+            import torch
+
+            self._torch_w[key] = torch.from_numpy(np.ascontiguousarray(self.w.reshape(self.cout, -1).T.astype(kind)))
+        return self._torch_w[key]
+
+    @property
+    def int8_weights(self) -> bool:
+        """Whether every weight is an int8 value (an int8 matrix product or quantized convolution)."""
+        return self.w.size == 0 or (int(self.w.min()) >= -128 and int(self.w.max()) <= 127)
+
+    def int8_kind(self, dtype: np.dtype, bound: int) -> str | None:
+        """How 8-bit inputs whose sums stay within ``bound`` can run on int8: "int8" (pointwise, the
+        int8 matrix product: int32 sums, so bound < 2**31), "qconv" (a 2-D convolution with symmetric
+        pads on oneDNN's quantized convolution: float32 sums, so bound < 2**24), or None."""
+        if dtype.itemsize != 1 or self.transposed or self.nd != 2 or not self.int8_weights:
+            return None
+        if self.pointwise:
+            return "int8" if bound < INT32_LIMIT and int8_matmul() else None
+        symmetric = self.pads[:2] == self.pads[2:]
+        return "qconv" if symmetric and bound < FLOAT32_EXACT and int8_conv() else None
+
+    def qconv_sums(self, x: np.ndarray, zp: int) -> Any:
+        """The exact sums of ``x - zp`` (8-bit codes) from oneDNN's quantized convolution as a
+        float32 channels-last tensor; int8 codes enter as uint8 ``x + 128`` against ``zp + 128``."""
+        import torch
+
+        src = to_torch(x)
+        if x.dtype.kind == "i":  # int8 v + 128 is v ^ 0x80 read as uint8
+            codes = scratch("conv_in/uint8", tuple(x.shape), torch.uint8, channels_last=True)
+            torch.bitwise_xor(src.view(torch.uint8), 0x80, out=codes)
+            src, zp = codes, zp + 128
+        key = (zp, tuple(x.shape))
+        if key not in self._packed:
+            w8 = torch.from_numpy(self.w.astype(np.int8))
+            ones, zeros = torch.ones(self.cout), torch.zeros(self.cout, dtype=torch.int64)
+            packed = torch.ops.onednn.qconv_prepack(w8, ones, 1.0, zp, self.strides, self.pads[:2], self.dilations,
+                                                    self.group, list(x.shape))
+            self._packed[key] = (packed, ones, zeros)
+        packed, ones, zeros = self._packed[key]
+        return _onednn_conv(src, zp, packed, ones, zeros, self.strides, self.pads[:2], self.dilations, self.group)
+
+    def pointwise_conv(self, x: np.ndarray, kind: str, sub_zp: int, rq: Requant) -> np.ndarray:
+        """A stride-1 1x1 convolution as a matrix product of NHWC rows ``[N*H*W, Cin] @ [Cin, Cout]``:
+        int8 with exact int32 sums (uint8 codes enter as ``x - 128``, the requantizer's bias holds the
+        rest), or float ``kind`` on ``x - sub_zp``. Blocks of rows are multiplied into cache-resident
+        scratch and requantized at once (:meth:`Requant.by_rows`); when that form does not apply, the
+        whole product is requantized. Output channels-last."""
+        import torch
+
+        n, c, h, w = x.shape
+        src = to_torch(x).permute(0, 2, 3, 1)
+        if kind == "int8":
+            xs = scratch("conv_in/int8", (n, h, w, c), torch.int8)
+            if x.dtype.kind == "u":  # uint8 u - 128 is u ^ 0x80 read as int8
+                torch.bitwise_xor(src, 0x80, out=xs.view(torch.uint8))
+            else:
+                xs.copy_(src)
+            mm, sums = torch._int_mm, torch.int32
+        else:
+            xs = scratch("conv_in", (n, h, w, c), getattr(torch, kind))
+            xs.copy_(src)
+            if sub_zp:
+                xs -= sub_zp
+            mm, sums = torch.mm, xs.dtype
+        rows, wm, count = xs.view(n * h * w, c), self.matrix(kind), n * h * w
+
+        def produce(i: int, j: int) -> Any:
+            return mm(rows[i:j], wm, out=scratch("conv_out", (j - i, self.cout), sums))
+
+        out = rq.by_rows((n, self.cout, h, w), True, produce)
+        if out is None:
+            out = rq.torch(produce(0, count).view(n, h, w, self.cout).permute(0, 3, 1, 2))
+        return out
 
     def requant(self, xmax: int, zp_in_bias: int = 0) -> Requant:
         """Requantizer for accumulators of inputs with max |x| <= xmax (its bound proves the fast
@@ -154,17 +322,25 @@ class _Weights:
         return accum_float(self.top * data_bound(x, x_zp), "QConv accumulator"), xmax
 
     def plan(self, dtype: np.dtype, x_zp: int) -> tuple[int, str | None, Requant]:
-        """How inputs of ``dtype`` run: (zero point subtracted from x, float kind of the sums, or None
-        when the dtype's bound is too large for float32 and the data decide, requantizer)."""
+        """How inputs of ``dtype`` run: (zero point subtracted from x, kind of the sums: a float type,
+        "int8" for the int8 matrix product (zero point in the bias), "qconv" for oneDNN's quantized
+        convolution (float32 sums), or None when the dtype's bound is too large for float32 and the
+        data decide, requantizer)."""
         if dtype not in self._plans:
             if dtype.kind not in "iu":
                 raise PulsarError(f"input has dtype {dtype}; NPU activations are integer tensors")
             raw = centered_bound(dtype, 0)
             xmax = centered_bound(dtype, x_zp)
-            if x_zp and self.unpadded and self.top * raw < FLOAT32_EXACT:  # raw codes, zp into the bias
-                self._plans[dtype] = (0, "float32", self.requant(raw, x_zp))
+
+            def float32(bound: int) -> str:  # oneDNN's quantized convolution, or torch's float32 one
+                return "qconv" if self.int8_kind(dtype, bound) == "qconv" else "float32"
+
+            if self.int8_kind(dtype, self.top * 128) == "int8":  # int8 codes, zp into the bias
+                self._plans[dtype] = (0, "int8", self.requant(128, x_zp - (128 if dtype.kind == "u" else 0)))
+            elif x_zp and self.unpadded and self.top * raw < FLOAT32_EXACT:  # raw codes, zp into the bias
+                self._plans[dtype] = (0, float32(self.top * raw), self.requant(raw, x_zp))
             else:
-                kind = "float32" if self.top * xmax < FLOAT32_EXACT else None
+                kind = float32(self.top * xmax) if self.top * xmax < FLOAT32_EXACT else None
                 self._plans[dtype] = (x_zp, kind, self.requant(xmax))
         return self._plans[dtype]
 
@@ -214,6 +390,13 @@ def _make(attrs: dict[str, Any], consts: list[np.ndarray | None], transposed: bo
         sub_zp, kind, rq = core.plan(x.dtype, x_zp)
         if kind is None:
             kind = accum_float(core.top * data_bound(x, x_zp), "QConv accumulator")
+        if kind == "qconv":
+            try:
+                return [rq.torch(core.qconv_sums(x, sub_zp))]
+            except RuntimeError:  # a geometry oneDNN refuses: torch's float32 convolution, same sums
+                kind = "float32"
+        if core.pointwise:
+            return [core.pointwise_conv(x, kind, sub_zp, rq)]
         acc = core.accumulate(centered_float(x, sub_zp, kind, core.channels_last, "conv_in"), kind)
         return [rq.torch(acc)]
 

@@ -18,12 +18,16 @@ from pulsar.runtime.kernels.common import (
     FLOAT64_EXACT,
     OutSpec,
     as_int64,
+    blocked_shifted,
     check_shift,
     dtype_range,
     finish_float,
+    in_memory_order,
     int_attr,
     requant,
     scratch_like,
+    shifted_codes,
+    shifts,
     to_torch,
 )
 
@@ -33,37 +37,72 @@ _FLOAT_OPERANDS = frozenset(np.dtype(n) for n in ("uint8", "int8", "uint16", "in
 class Affine64:
     """``clamp(floor((sum x_i * M_i + off) / 2**N))`` in float64, ``off`` an integer (rounding half,
     zero points, ``out_zp << N``). Each product ``x_i * M_i * 2**-N`` and each partial sum is an
-    integer times ``2**-N``; below ``2**53`` in magnitude every float64 operation is exact."""
+    integer times ``2**-N``; below ``2**53`` in magnitude every float64 operation is exact.
+
+    8- / 16-bit outputs subtract ``out_min`` inside the offset (when the bound still holds) and run
+    in cache-sized blocks ending in an unsigned cast (:func:`blocked_shifted`)."""
 
     def __init__(self, ms: list[int], off: int, n: int, spec: OutSpec) -> None:
         self.ms, self.off, self.n, self.spec = ms, off, n, spec
         self.scales = [float(np.ldexp(float(m), -n)) for m in ms]
         self.const = float(np.ldexp(float(off), -n))
-        self._ok: dict[tuple[np.dtype, ...], bool] = {}
+        self.shifted_const = float(np.ldexp(float(off - (spec.lo << n)), -n))
+        self._modes: dict[tuple[np.dtype, ...], tuple[str, bool] | None] = {}
+
+    def _worst(self, off: int, dtypes: tuple[np.dtype, ...]) -> int | None:
+        """``|off| + sum |M_i| * max |x_i|`` when it and every term are below 2**53, else None."""
+        if abs(off) >= FLOAT64_EXACT or any(abs(m) >= FLOAT64_EXACT for m in self.ms):
+            return None
+        worst = abs(off) + sum(abs(m) * max(abs(v) for v in dtype_range(d)) for m, d in zip(self.ms, dtypes,
+                                                                                          strict=True))
+        return worst if worst < FLOAT64_EXACT else None
+
+    def mode(self, xs: list[np.ndarray]) -> tuple[str, bool] | None:
+        """("shifted", values inside int32) or ("plain", False) when the dtypes of ``xs`` prove the
+        float64 evaluation exact, else None."""
+        key = tuple(x.dtype for x in xs)
+        if key not in self._modes:
+            mode: tuple[str, bool] | None = None
+            if all(k in _FLOAT_OPERANDS for k in key):
+                worst = self._worst(self.off - (self.spec.lo << self.n), key) if shifts(self.spec) else None
+                if worst is not None:
+                    mode = ("shifted", worst >> self.n < (1 << 31) - 1)
+                elif self._worst(self.off, key) is not None:
+                    mode = ("plain", False)
+            self._modes[key] = mode
+        return self._modes[key]
 
     def exact_for(self, xs: list[np.ndarray]) -> bool:
         """Whether the dtypes of ``xs`` (same shape) prove the float64 evaluation exact."""
-        key = tuple(x.dtype for x in xs)
-        ok = self._ok.get(key)
-        if ok is None:
-            ok = all(k in _FLOAT_OPERANDS for k in key) and abs(self.off) < FLOAT64_EXACT and all(
-                abs(m) < FLOAT64_EXACT for m in self.ms)
-            if ok:
-                worst = abs(self.off) + sum(abs(m) * max(abs(v) for v in dtype_range(x.dtype))
-                                            for m, x in zip(self.ms, xs, strict=True))
-                ok = worst < FLOAT64_EXACT
-            self._ok[key] = ok
-        return ok and all(x.shape == xs[0].shape for x in xs)
+        return self.mode(xs) is not None and all(x.shape == xs[0].shape for x in xs)
 
     def __call__(self, xs: list[np.ndarray]) -> np.ndarray:
         import torch
 
-        first = to_torch(xs[0])
+        mode = self.mode(xs)
+        ts = [to_torch(x) for x in xs]
+        if mode is not None and mode[0] == "shifted":
+            mem, cl = in_memory_order(ts[0])
+            fmt = torch.channels_last if cl else torch.contiguous_format
+            rows = [mem.reshape(-1)] + [in_memory_order(t.contiguous(memory_format=fmt))[0].reshape(-1)
+                                        for t in ts[1:]]
+
+            def fill(t: Any, i: int, j: int) -> None:
+                t.copy_(rows[0][i:j])
+                t.mul_(self.scales[0])
+                for row, scale in zip(rows[1:], self.scales[1:], strict=True):
+                    t.add_(row[i:j], alpha=scale)
+                if self.shifted_const:
+                    t.add_(self.shifted_const)
+
+            out = blocked_shifted(rows[0].shape[0], (), self.spec, fill, mode[1])
+            return shifted_codes(out, self.spec, tuple(mem.shape), cl)
+        first = ts[0]
         t = scratch_like("affine", first, torch.float64)
         t.copy_(first)
         t.mul_(self.scales[0])
-        for x, scale in zip(xs[1:], self.scales[1:], strict=True):
-            t.add_(to_torch(x), alpha=scale)
+        for x, scale in zip(ts[1:], self.scales[1:], strict=True):
+            t.add_(x, alpha=scale)
         if self.const:
             t.add_(self.const)
         return finish_float(t, self.spec)
