@@ -17,7 +17,8 @@ from onnx import helper, numpy_helper
 
 from pulsar.core.fixedpoint import quantize_multiplier
 from pulsar.runtime.kernels import common, conv
-from pulsar.runtime.kernels.common import OutSpec, Requant
+from pulsar.runtime.kernels.common import OutSpec
+from pulsar.runtime.kernels.requant import Requant
 from pulsar.runtime.npu_sim import NpuProgram
 from tests.runtime import test_npu_sim as base
 from tests.runtime.kernels import intref

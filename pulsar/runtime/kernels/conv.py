@@ -30,7 +30,6 @@ shape with NHWC strides, which the next convolution reads without a copy.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -40,7 +39,6 @@ from pulsar.runtime.kernels import INT_DOMAIN, Kernel, register
 from pulsar.runtime.kernels.common import (
     FLOAT32_EXACT,
     OutSpec,
-    Requant,
     accum_float,
     as_int64,
     centered_bound,
@@ -53,75 +51,10 @@ from pulsar.runtime.kernels.common import (
     str_attr,
     to_torch,
 )
+from pulsar.runtime.kernels.int8 import int8_conv, int8_matmul, onednn_conv
+from pulsar.runtime.kernels.requant import Requant
 
 INT32_LIMIT = 1 << 31
-
-
-def _vnni_torch() -> bool:
-    """torch >= 2.6 on a CPU with VNNI. Without VNNI oneDNN's int8 kernels add u8 x s8 pairs in
-    saturating 16-bit lanes (pytorch#136746; torch 2.6 sends ``_int_mm`` to a slow reference loop
-    there instead)."""
-    import torch
-
-    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2] if p.isdigit())
-    return version >= (2, 6) and bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
-
-
-@functools.lru_cache(maxsize=1)
-def int8_matmul() -> bool:
-    """Whether ``torch._int_mm`` (int8 x int8 -> int32) is exact and fast here: :func:`_vnni_torch`,
-    and equal to the exact products on extreme operands (every pair at +-127 / -128, where a
-    saturating kernel would fail)."""
-    import torch
-
-    if not _vnni_torch():
-        return False
-    a = torch.tensor([[127] * 64, [-128] * 64, [127, -128] * 32] * 11, dtype=torch.int8)
-    b = torch.tensor([[127] * 3 + [-128] * 3 + [127, -128] * 5] * 64, dtype=torch.int8)
-    try:
-        return bool(torch.equal(torch._int_mm(a, b), a.to(torch.int64).mm(b.to(torch.int64)).to(torch.int32)))
-    except (RuntimeError, AttributeError):
-        return False
-
-
-def _onednn_conv(x: Any, zp: int, packed: Any, ones: Any, zeros: Any, strides: list[int], pads: list[int],
-                 dilations: list[int], group: int) -> Any:
-    """oneDNN's quantized 2-D convolution (the x86 inductor op) with unit scales and float32 output:
-    ``sum (x - zp) * w`` over uint8 ``x`` and the prepacked int8 weights, as float32."""
-    import torch
-
-    return torch.ops.onednn.qconv2d_pointwise(x, 1.0, zp, packed, ones, zeros, None, strides, pads, dilations,
-                                              group, 1.0, 0, torch.float32, "none", [], "")
-
-
-@functools.lru_cache(maxsize=1)
-def int8_conv() -> bool:
-    """Whether oneDNN's quantized convolution (:func:`_onednn_conv`) returns the exact integer sums
-    here: :func:`_vnni_torch`, the op present, and equal to exact sums on extreme operands (codes 0
-    and 255 against weights -128 and 127, zero points 0 / 200 / 255, a grouped and a depthwise case;
-    every |sum| stays below 2**24, so float32 holds it)."""
-    import torch
-    import torch.nn.functional as F
-
-    if not _vnni_torch():
-        return False
-    x = torch.full((2, 8, 6, 5), 255, dtype=torch.uint8)
-    x[0, :, ::2] = 0
-    x[1, ::3] = 0
-    try:
-        for group, cin in ((1, 8), (2, 4), (8, 1)):
-            w = torch.full((8, cin, 3, 3), 127, dtype=torch.int8)
-            w[::2, :, 1] = -128
-            ones, zeros = torch.ones(8), torch.zeros(8, dtype=torch.int64)
-            for zp in (0, 200, 255):
-                packed = torch.ops.onednn.qconv_prepack(w, ones, 1.0, zp, [1, 2], [1, 1], [1, 1], group, None)
-                got = _onednn_conv(x, zp, packed, ones, zeros, [1, 2], [1, 1], [1, 1], group)
-                want = F.conv2d(x.double() - zp, w.double(), None, [1, 2], [1, 1], [1, 1], group)
-                if not torch.equal(got.double(), want):
-                    return False
-    except (RuntimeError, AttributeError):
-        return False
-    return True
 
 
 def spatial_attr(attrs: dict[str, Any], name: str, nd: int, default: int) -> list[int]:
@@ -249,7 +182,7 @@ class _Weights:
                                                     self.group, list(x.shape))
             self._packed[key] = (packed, ones, zeros)
         packed, ones, zeros = self._packed[key]
-        return _onednn_conv(src, zp, packed, ones, zeros, self.strides, self.pads[:2], self.dilations, self.group)
+        return onednn_conv(src, zp, packed, ones, zeros, self.strides, self.pads[:2], self.dilations, self.group)
 
     def pointwise_conv(self, x: np.ndarray, kind: str, sub_zp: int, rq: Requant) -> np.ndarray:
         """A stride-1 1x1 convolution as a matrix product of NHWC rows ``[N*H*W, Cin] @ [Cin, Cout]``:

@@ -16,7 +16,6 @@ from pulsar.runtime.kernels import INT_DOMAIN, Kernel, register
 from pulsar.runtime.kernels.common import (
     FLOAT32_EXACT,
     OutSpec,
-    Requant,
     accum_float,
     as_int64,
     centered_bound,
@@ -25,6 +24,7 @@ from pulsar.runtime.kernels.common import (
     int_attr,
 )
 from pulsar.runtime.kernels.conv import centered_float
+from pulsar.runtime.kernels.requant import Requant
 
 
 def _oriented(b: np.ndarray, trans_b: bool) -> np.ndarray:

@@ -18,7 +18,6 @@ from pulsar.errors import PulsarError
 from pulsar.runtime.kernels import INT_DOMAIN, Kernel, register
 from pulsar.runtime.kernels.common import (
     OutSpec,
-    Requant,
     accum_float,
     as_int64,
     centered_bound,
@@ -30,6 +29,7 @@ from pulsar.runtime.kernels.common import (
     requant,
 )
 from pulsar.runtime.kernels.conv import centered_float, conv_geometry, pad_tensor
+from pulsar.runtime.kernels.requant import Requant
 
 
 def pooled_size(size: int, k: int, s: int, pb: int, pe: int, d: int, ceil_mode: bool) -> int:

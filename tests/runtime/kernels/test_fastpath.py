@@ -13,8 +13,9 @@ from onnx import helper
 
 from pulsar.core.fixedpoint import quantize_multiplier
 from pulsar.runtime.kernels import KERNELS
-from pulsar.runtime.kernels.common import FLOAT64_EXACT, OutSpec, Requant, to_torch
+from pulsar.runtime.kernels.common import FLOAT64_EXACT, OutSpec, to_torch
 from pulsar.runtime.kernels.conv import _Weights
+from pulsar.runtime.kernels.requant import Requant
 from pulsar.runtime.npu_sim import NpuProgram
 from tests.runtime.kernels import intref
 

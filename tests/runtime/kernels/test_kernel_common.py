@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from pulsar.errors import PulsarError
-from pulsar.runtime.kernels.common import OutSpec, Requant, requant, round_div
+from pulsar.runtime.kernels.common import OutSpec, requant, round_div
+from pulsar.runtime.kernels.requant import Requant
 from tests.runtime.kernels import intref
 
 RNG = np.random.default_rng(3)
