@@ -166,7 +166,7 @@ def _reshape_target(shape: list[int], target: list[int], allowzero: bool) -> lis
     return out if int(np.prod(out) if out else 1) == total else None
 
 
-def _check(model: onnx.ModelProto, what: str, hint: str) -> None:
+def _check(model: onnx.ModelProto, what: str, hint: str) -> onnx.GraphProto:
     """Strict shape inference of the re-shaped graph plus the Reshape element counts."""
     try:
         inferred = onnx.shape_inference.infer_shapes(inferable(model), check_type=False, strict_mode=True,
@@ -190,6 +190,7 @@ def _check(model: onnx.ModelProto, what: str, hint: str) -> None:
         if _reshape_target(shape, target, allowzero) is None:
             raise PulsarError(f"{what}: Reshape {node.name!r} cannot reshape {shape} to its constant shape {target} "
                               f"(input {node.input[1]!r}); {hint}")
+    return g
 
 
 _ORT_ERROR = re.compile(r"running (?P<op>\w+) node\. Name:'(?P<node>[^']*)' Status Message: (?P<msg>.*)", re.S)
@@ -265,6 +266,9 @@ def reshaped(qmodel: onnx.ModelProto, shapes: dict[str, list[int]], *, batch: in
                 "input with const_processors, or compile without multi-batch")
     else:
         hint = "drop this shape from src_extra_shapes, or patch the node's constants with const_processors"
-    _check(model, what, hint)
+    inferred = {o.name: o for o in _check(model, what, hint).output}
+    for out in g.output:  # the outputs' new shapes, as the rest of the graph's are re-inferred by lowering
+        if out.name in inferred and inferred[out.name].type.tensor_type.HasField("shape"):
+            out.type.tensor_type.shape.CopyFrom(inferred[out.name].type.tensor_type.shape)
     _run_once(model, what, hint)
     return model, fixes

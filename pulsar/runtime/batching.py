@@ -92,8 +92,10 @@ class GroupView:
             return [n]
         plan = split_batch(n, per)
         if plan is None:
-            raise PulsarError(f"{n} samples cannot be run as compiled batches {sorted(per)} of subgraph {name!r}; "
-                              "use a batch size they add up to")
+            sums = [k for k in range(1, 4 * max(per) + 1) if split_batch(k, per) is not None][:6]
+            raise PulsarError(f"{n} sample(s) cannot be run as the compiled batches {sorted(per)} (of subgraph "
+                              f"{name!r}): use a number of samples they add up to, e.g. "
+                              f"{', '.join(map(str, sums))}")
         return plan
 
     def variant(self, index: int, batch: int) -> int:

@@ -141,7 +141,9 @@ def _execute(session, out: Path, entries: list, first: dict | None, batch_size: 
 
     def one(feeds: dict, dest: Path) -> None:
         record(timed(session.run_batches, feeds, batch_size, workers), dest, batch_size)
-        if perlayer:
+        if perlayer and session.view.multi_batch:  # every tensor of the batch as it ran (samples on axis 0)
+            result.written.extend(write_outputs(inside(out, dest / "perlayer"), session.run_all(feeds)))
+        elif perlayer:
             for k in range(batch_size):
                 b = [i.shape[0] for i in session.inputs]
                 part = {i.name: feeds[i.name][k * n:(k + 1) * n] for i, n in zip(session.inputs, b, strict=True)}

@@ -261,3 +261,30 @@ def test_a_sub_config_range_has_its_own_batches(tiny, tmp_path):
     sess = pulsar.Session(res.compiled_model)
     assert f"{ranged[0]}: 4 + 4 + 1" in sess.batch_plan(9)
     _assert_batches_equal_singles(res.compiled_model)
+
+
+def test_batches_without_one_reject_what_they_cannot_make(tiny, tmp_path):
+    """static [2, 4]: the outputs' shapes follow the batch, 6 runs as 4 + 2, 3 is refused before
+    anything is written, and per-layer dumps hold the whole run."""
+    cfg = {"quant": {"input_configs": [{"tensor_name": "image", "calibration_dataset": str(tiny["calib"]),
+                                        "calibration_format": "Numpy", "calibration_size": 8}]},
+           "compiler": {"static_batch_sizes": [2, 4]}}
+    path = pulsar.build(tiny["model"], tmp_path / "out", cfg, quiet=True).compiled_model
+    meta = load_compiled(path).metadata
+    assert meta["outputs"][0]["shape"] == [4, 10]
+    assert meta["shape_groups"][0]["outputs"][0]["shape"] == [1, 10]
+    sess = pulsar.Session(path)
+    x = _samples(sess, 6)
+    pairs = np.concatenate([sess.run({"image": x[i:i + 2]})["logits"] for i in (0, 2, 4)])
+    np.testing.assert_array_equal(sess.run({"image": x})["logits"], pairs)
+    assert sess.batch_plan(6) == "npu_0: 4 + 2"
+    bad = run_cli(["run", "--model", str(path), "--random_input", "--batch_size", "3", "--output_dir", "o"], tmp_path)
+    assert_clean_failure(bad, ("3 sample(s) cannot be run as the compiled batches [2, 4]", "e.g. 2, 4, 6, 8"))
+    assert not (tmp_path / "o").exists()
+    ok = run_cli(["run", "--model", str(path), "--random_input", "--batch_size", "4", "--enable_perlayer_output",
+                  "--output_dir", "p"], tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    dumps = {f.stem: np.load(f) for f in (tmp_path / "p" / "perlayer").glob("*.npy")}
+    assert len(dumps) > 5 and dumps["image"].shape == (4, 3, 16, 16)
+    np.testing.assert_array_equal(dumps["logits"], np.load(tmp_path / "p" / "logits.npy"))
+    assert dumps["logits"].shape == (4, 10)
