@@ -95,8 +95,9 @@ def batch_request(compiler: Any, subs: list[SubRange]) -> BatchRequest:
         static = sorted(set(options.get("static_batch_sizes") or []))
         maximum = int(options.get("max_dynamic_batch_size") or 0)
         if static and maximum:
-            raise PulsarError(f"{where}: static_batch_sizes and max_dynamic_batch_size exclude each other (static "
-                              "and dynamic multi-batch); set one")
+            inherited = " (a sub-config inherits what it leaves unset from compiler)" if key is not None else ""
+            raise PulsarError(f"{where}: static_batch_sizes {static} and max_dynamic_batch_size {maximum} exclude each "
+                              f"other (static and dynamic multi-batch){inherited}; use one mode")
         req.static[key], req.maximum[key] = static, maximum
     modes = {"static" for s in req.static.values() if s} | {"dynamic" for m in req.maximum.values() if m}
     if len(modes) > 1:
