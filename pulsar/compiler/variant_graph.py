@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 import numpy as np
 import onnx
@@ -220,6 +221,53 @@ def _run_once(model: onnx.ModelProto, what: str, hint: str) -> None:
                           f"{hint}") from None
 
 
+def _session(model: onnx.ModelProto) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _random(info: Any, shape: list[int], rng: np.random.Generator) -> np.ndarray:
+    dtype = np.dtype(_ORT_TYPES.get(info.type, "float32"))
+    if np.issubdtype(dtype, np.integer):
+        limits = np.iinfo(dtype)
+        return rng.integers(max(limits.min, -128), min(limits.max, 255) + 1, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _same_as_single_samples(single: onnx.ModelProto, batched: onnx.ModelProto, batch: int, what: str,
+                            fixes: list[str]) -> None:
+    """The batch-``batch`` graph on random samples against the original graph run once per sample: a
+    rewrite (or an op) that mixes samples changes most values, float rounding or a quantization step
+    flipped at a boundary changes few."""
+    try:
+        one, many = _session(single), _session(batched)
+    except Exception:  # already reported by _run_once when the batched graph cannot load
+        return
+    rng = np.random.default_rng(0)
+    feeds = {i.name: _random(i, [batch, *[d if isinstance(d, int) else 1 for d in i.shape][1:]], rng)
+             for i in many.get_inputs()}
+    got = many.run(None, feeds)
+    singles = [one.run(None, {k: v[s:s + 1] for k, v in feeds.items()}) for s in range(batch)]
+    for k, out in enumerate(many.get_outputs()):
+        want = np.concatenate([np.asarray(r[k]) for r in singles]).astype(np.float64)
+        have = np.asarray(got[k]).astype(np.float64)
+        if want.shape != have.shape:
+            close = 0.0
+        else:
+            scale = max(float(np.abs(want).max(initial=0.0)), 1e-12)
+            close = float(np.mean(np.abs(have - want) <= 0.02 * scale))
+        if close < 0.99:
+            rewrites = f" after the IR fix ({'; '.join(fixes)})" if fixes else ""
+            raise PulsarError(f"{what}: output {out.name!r} of the batched graph differs from single-sample runs"
+                              f"{rewrites}: the graph mixes the samples of a batch (e.g. a Reshape whose batch "
+                              "is not on axis 0); patch its constants with const_processors, or compile without "
+                              "multi-batch")
+
+
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
               "tensor(uint16)": "uint16", "tensor(int16)": "int16", "tensor(int32)": "int32",
               "tensor(int64)": "int64", "tensor(float16)": "float16", "tensor(double)": "float64",
@@ -271,4 +319,9 @@ def reshaped(qmodel: onnx.ModelProto, shapes: dict[str, list[int]], *, batch: in
         if out.name in inferred and inferred[out.name].type.tensor_type.HasField("shape"):
             out.type.tensor_type.shape.CopyFrom(inferred[out.name].type.tensor_type.shape)
     _run_once(model, what, hint)
+    if batch > 1:
+        own = {vi.name: _dims(vi) for vi in qmodel.graph.input}
+        single = qmodel if all(own.get(n) == list(d) for n, d in shapes.items()) else \
+            reshaped(qmodel, shapes, batch=1, ir_fix=ir_fix, what=what)[0]
+        _same_as_single_samples(single, model, batch, what, fixes)
     return model, fixes

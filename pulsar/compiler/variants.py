@@ -272,6 +272,15 @@ def build_variants(cfg: Any, qmodel: onnx.ModelProto, probe: Lowered, lower: Low
             if not dims or dims[0] != 1:
                 raise PulsarError(f"multi-batch compilation needs batch 1 in the model: input {name!r} has shape "
                                   f"{dims}; set input_shapes with dim 0 = 1")
+        for g, shapes in enumerate(groups[1:], start=1):
+            for name, dims in shapes.items():
+                if dims[0] != 1:
+                    raise PulsarError(f"src_extra_shapes: extra shape {g - 1} of input {name!r} is {dims}; with "
+                                      "multi-batch compilation dim 0 is the batch and must be 1")
+        if not any(sg.kind == "npu" for sg in probe.lowering.subgraphs):
+            field_name = "static_batch_sizes" if req.mode == "static" else "max_dynamic_batch_size"
+            raise PulsarError(f"compiler.{field_name}: the model has no NPU subgraph (every op runs on the CPU), "
+                              "so there is nothing to compile at several batch sizes; remove the field")
     logged: set[str] = set()
 
     def at(group: int, batch: int) -> Lowered:

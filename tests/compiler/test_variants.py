@@ -125,3 +125,16 @@ def test_extra_shape_a_gemm_cannot_take_names_the_gemm():
     with pytest.raises(PulsarError, match=r"group 1, batch 1: node 'fc' \(Gemm\) cannot take these input dims "
                                           r".*src_extra_shapes"):
         reshaped(model, {"x": [1, 12]}, batch=1, ir_fix=True, what="group 1, batch 1")
+
+
+def test_a_rewrite_that_would_mix_samples_is_caught():
+    """[1, 4, 8] -> Transpose -> [4, 1, 8] -> Reshape [1, 32]: dim 0 of the target is 1 but the batch is
+    on axis 1 of the Reshape's input; -1 there would interleave samples, and the batched graph is
+    compared with single-sample runs."""
+    shape = [1, 4, 8]
+    model = _model([helper.make_node("Transpose", ["x"], ["t"], name="tr", perm=[1, 0, 2]),
+                    helper.make_node("Reshape", ["t", "s"], ["y"], name="flat")],
+                   {"s": np.array([1, 32], np.int64)}, shape)
+    with pytest.raises(PulsarError, match=r"batch 2: output 'y' of the batched graph differs from single-sample "
+                                          r"runs after the IR fix \(Reshape 'flat'.*mixes the samples"):
+        reshaped(model, {"x": shape}, batch=2, ir_fix=True, what="batch 2")

@@ -308,3 +308,18 @@ def test_shape_groups_times_batches(tiny, tmp_path):
     x = _samples(sess, 3)
     singles = np.concatenate([sess.run({"image": x[i:i + 1]})["logits"] for i in range(3)])
     np.testing.assert_array_equal(sess.run({"image": x})["logits"], singles)
+
+
+def test_multi_batch_needs_batch_one_in_extra_shapes_and_an_npu_subgraph(tiny, tmp_path):
+    cfg = {"quant": {"input_configs": [{"tensor_name": "image", "calibration_dataset": str(tiny["calib"]),
+                                        "calibration_format": "Numpy", "calibration_size": 8}]},
+           "input_processors": [{"tensor_name": "image", "src_extra_shapes": [{"shape": [2, 3, 24, 24]}]}],
+           "compiler": {"static_batch_sizes": [1, 2]}}
+    with pytest.raises(PulsarError, match=r"src_extra_shapes: extra shape 0 of input 'image' is \[2, 3, 24, 24\]; "
+                                          r"with multi-batch compilation dim 0 is the batch and must be 1"):
+        pulsar.build(tiny["model"], tmp_path / "a", cfg, quiet=True)
+    del cfg["input_processors"]
+    names = [n.name for n in onnx.load(str(tiny["model"])).graph.node if n.name not in ("bn1", "identity")]
+    cfg["quant"]["layer_configs"] = [{"layer_name": n, "data_type": "FP32"} for n in names]  # all on the CPU
+    with pytest.raises(PulsarError, match=r"compiler.static_batch_sizes: the model has no NPU subgraph"):
+        pulsar.build(tiny["model"], tmp_path / "b", cfg, quiet=True)
