@@ -76,7 +76,7 @@ from pulsar.core.container_schema import decode_value, encode_value, metadata_pr
 from pulsar.core.graph import outer_scope_inputs, subgraphs
 from pulsar.core.int_ops import INT_DOMAIN
 from pulsar.core.integrity import CHECKSUM_KEY, sealed_bytes, verify
-from pulsar.core.variants import VARIANTS_KEY
+from pulsar.core.variants import VARIANTS_KEY, variant_problem
 from pulsar.errors import PulsarError
 from pulsar.utils.atomic import atomic_write_bytes
 
@@ -533,5 +533,8 @@ def load_compiled(path: str | Path) -> CompiledModel:
     check_metadata(path, metadata, {"inputs": tensor_infos(model.graph.input),
                                     "outputs": tensor_infos(model.graph.output)})
     subgraphs = [_read_subgraph(path, node, inits, n_variants) for node in model.graph.node]
+    problem = variant_problem(metadata, subgraphs)
+    if problem:
+        raise PulsarError(f"compiled model {path}: {problem}; the file is corrupt or was edited: rebuild it")
     return CompiledModel(model=model, format_version=version, metadata=metadata, subgraphs=subgraphs,
                          checksum=checksum)

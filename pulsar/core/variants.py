@@ -81,3 +81,54 @@ def variant_index(variants: Sequence[Variant], group: int, batch: int) -> int | 
         if v.group == group and v.batch == batch:
             return i
     return None
+
+
+def variant_problem(metadata: dict[str, object], subgraphs: Sequence[Any]) -> str | None:
+    """None, or one line on the first inconsistency between the variant entries and the subgraphs'
+    bodies (what a run would otherwise trip over): duplicate (group, batch) pairs, groups without a
+    shape group entry or without a body in some subgraph, several batches without a batch mode, a batch
+    axis outside its tensor."""
+    if VARIANTS_KEY not in metadata:
+        return None
+    variants = variants_of(metadata)
+    if len(set(variants)) != len(variants):
+        return f"{VARIANTS_KEY} lists a (group, batch) twice"
+    groups = sorted({v.group for v in variants})
+    if groups != list(range(len(groups))):
+        return f"{VARIANTS_KEY} has groups {groups}; expected 0 .. {len(groups) - 1}"
+    shape_groups = metadata.get(SHAPE_GROUPS_KEY)
+    if not isinstance(shape_groups, list) or len(shape_groups) != len(groups):
+        return f"{SHAPE_GROUPS_KEY} does not have one entry per group ({len(groups)})"
+    multi = is_multi_batch(metadata)
+    for sg in subgraphs:
+        for g in groups:
+            batches = [variants[v].batch for v in sg.variant_ids if variants[v].group == g]
+            if not batches:
+                return f"subgraph {sg.name!r} has no body for group {g}"
+            if len(batches) > 1 and not multi:
+                return f"subgraph {sg.name!r} has several batches for group {g} but {BATCH_MODE_KEY} is not set"
+    axes = metadata.get(BATCH_AXES_KEY) or {}
+    if multi and isinstance(axes, dict):
+        ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for sg in subgraphs
+                 for vi in [*sg.graph.input, *sg.graph.output]}
+        for name, axis in axes.items():
+            if name in ranks and not 0 <= int(axis) < max(ranks[name], 1):
+                return f"{BATCH_AXES_KEY}[{name!r}] = {axis} is outside the tensor's {ranks[name]} axes"
+    per_sample = [{str(t["name"]): list(t["shape"]) for t in cast("dict[str, list[dict[str, Any]]]", entry)["inputs"]}
+                  for entry in shape_groups]
+    for sg in subgraphs:
+        for v in sg.variant_ids:
+            body, variant = sg.at(v).graph, variants[v]
+            for vi in body.input:
+                want = per_sample[variant.group].get(vi.name)
+                if want is None:
+                    continue
+                want = list(want)
+                axis = int(axes.get(vi.name, 0)) if isinstance(axes, dict) else 0
+                if multi and want and 0 <= axis < len(want) and isinstance(want[axis], int):
+                    want[axis] *= variant.batch
+                got = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+                if got != want:
+                    return (f"subgraph {sg.name!r}, body of {variant}: input {vi.name!r} has shape {got}, "
+                            f"the variant's shape is {want}")
+    return None

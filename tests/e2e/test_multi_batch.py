@@ -323,3 +323,35 @@ def test_multi_batch_needs_batch_one_in_extra_shapes_and_an_npu_subgraph(tiny, t
     cfg["quant"]["layer_configs"] = [{"layer_name": n, "data_type": "FP32"} for n in names]  # all on the CPU
     with pytest.raises(PulsarError, match=r"compiler.static_batch_sizes: the model has no NPU subgraph"):
         pulsar.build(tiny["model"], tmp_path / "b", cfg, quiet=True)
+
+
+def _edit_meta(key, fn):
+    def edit(model):
+        import json
+
+        for p in model.metadata_props:
+            if p.key == f"pulsar.{key}":
+                p.value = json.dumps(fn(json.loads(p.value)))
+    return edit
+
+
+def _swap_first_bodies(model):
+    node = model.graph.node[0]  # cpu_0 reads the model input
+    ids = next(a for a in node.attribute if a.name == "variant_ids")
+    ids.ints[:] = [ids.ints[1], ids.ints[0], *ids.ints[2:]]
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (_edit_meta("variants", lambda v: v[:2] + [v[1]]), "variants lists a (group, batch) twice"),
+    (_edit_meta("shape_groups", lambda g: g + g), "shape_groups does not have one entry per group (1)"),
+    (_edit_meta("batch_axes", lambda a: {**a, "image": 7}), "batch_axes['image'] = 7 is outside"),
+    (_swap_first_bodies, "subgraph 'cpu_0', body of group 0, batch 2: input 'image' has shape [4, 3, 16, 16]"),
+])
+def test_inconsistent_variants_are_refused_when_loaded(static, tmp_path, edit, needle):
+    model = onnx.load(str(static))
+    edit(model)
+    bad = tmp_path / "bad.pulsar"
+    bad.write_bytes(sealed_bytes(model))
+    with pytest.raises(PulsarError) as exc:
+        load_compiled(bad)
+    assert needle in str(exc.value) and "rebuild it" in str(exc.value)
