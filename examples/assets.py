@@ -451,3 +451,240 @@ def _as_hwc3(img: np.ndarray) -> np.ndarray:
     if arr.ndim != 3 or arr.shape[2] not in (3, 4):
         raise ValueError(f"expected an HxW, HxWx3 or HxWx4 image, got shape {arr.shape}")
     return np.ascontiguousarray(arr[:, :, :3])
+
+
+# ---------------------------------------------------------------------------------------------------
+# PP-OCR direction classifier (0 / 180 degrees) and a second, independent set of sources
+# ---------------------------------------------------------------------------------------------------
+# Added for the quantization bench's second classifier family and second evaluation sets. Nothing
+# above changes: these draw from their own fonts, words and photos, so every earlier set stays as it
+# was and the new sets are disjoint from it.
+
+CLS_H, CLS_W = 48, 192
+CLS_LABELS = ("0", "180")
+
+# Fonts none of the sets above use (the first sets and all calibration use _FONT_FILES).
+_OTHER_FONT_FILES = (
+    "cmr10.ttf",
+    "cmss10.ttf",
+    "cmtt10.ttf",
+    "cmb10.ttf",
+    "cmti10.ttf",
+    "STIXGeneral.ttf",
+    "STIXGeneralBol.ttf",
+    "STIXGeneralItalic.ttf",
+    "STIXGeneralBolIta.ttf",
+    "DejaVuSans-BoldOblique.ttf",
+    "DejaVuSansMono-Oblique.ttf",
+    "DejaVuSansMono-BoldOblique.ttf",
+    "DejaVuSerif-BoldItalic.ttf",
+)
+
+# Words outside _WORDS (checked in _other_vocabulary), for lines whose text no other set uses.
+_OTHER_WORD_TEXT = """
+harbor lantern velvet orchard meadow canyon glacier thunder whisper crimson amber violet copper silver
+marble granite pepper ginger walnut almond cherry banana mango lemon olive tomato garlic onion carrot
+turnip cabbage spinach pumpkin melon peach plum apricot biscuit pancake waffle noodle dumpling pastry
+candle mirror window ladder basket bucket pillow blanket carpet curtain drawer shelf cabinet kettle
+teapot saucer spoon fork knife plate bottle jar barrel anchor compass rudder sail harpoon lighthouse
+meteor comet galaxy nebula planet orbit rocket engine piston turbine gasket valve sensor signal
+circuit switch relay cable socket router server cluster archive folder ledger invoice receipt ticket
+passport visa museum gallery theater stadium bakery pharmacy library station airport harbour bridge
+tunnel highway avenue boulevard village hamlet castle palace temple chapel tower fortress cottage
+falcon eagle sparrow pigeon heron pelican penguin otter beaver badger ferret rabbit squirrel hamster
+lizard turtle salmon trout shark whale dolphin octopus lobster oyster clam beetle cricket hornet
+wizard knight pirate sailor farmer baker tailor doctor lawyer pilot driver singer dancer painter
+rapid silent brave clever gentle humble eager fierce jolly lucky noble proud quiet swift tidy vivid
+"""
+
+
+def _other_vocabulary() -> list[str]:
+    used = set(_WORDS)
+    return sorted({w for w in _OTHER_WORD_TEXT.split() if w not in used})
+
+
+def direction_vocabulary(style: str) -> list[str]:
+    """Words of the direction-classifier sets: ``calib`` / ``eval`` as :func:`render_text_lines`'
+    parts (even / odd words of its vocabulary), ``other`` a word list none of those holds."""
+    if style == "other":
+        return _other_vocabulary()
+    return _vocabulary(_check_part(style))
+
+
+@functools.lru_cache(maxsize=1)
+def _other_font_paths() -> tuple[Path, ...]:
+    import matplotlib
+
+    folder = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+    paths = tuple(folder / f for f in _OTHER_FONT_FILES if (folder / f).is_file())
+    if not paths:
+        raise FileNotFoundError(f"none of {_OTHER_FONT_FILES} under {folder}")
+    return paths
+
+
+def ppocr_cls_model() -> Path:
+    """Path of the PP-OCR mobile v2 direction classifier shipped inside rapidocr-onnxruntime."""
+    path = Path(
+        str(importlib.resources.files("rapidocr_onnxruntime") / "models/ch_ppocr_mobile_v2.0_cls_infer.onnx")
+    )
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: pip install rapidocr-onnxruntime==1.4.4")
+    return path
+
+
+def cls_preprocess(img_bgr: np.ndarray) -> np.ndarray:
+    """PaddleOCR's direction classifier input: height 48 keeping aspect (width <= 192, longer lines
+    squeezed to 192), (x/255-0.5)/0.5, right zero pad; 1x3x48x192 float32."""
+    img = _as_hwc3(img_bgr)
+    h, w = img.shape[:2]
+    new_w = max(1, min(CLS_W, math.ceil(CLS_H * w / h)))
+    resized = np.asarray(Image.fromarray(img).resize((new_w, CLS_H), Image.BILINEAR), dtype=np.float32)
+    out = np.zeros((1, 3, CLS_H, CLS_W), dtype=np.float32)
+    out[0, :, :, :new_w] = (resized.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
+    return out
+
+
+def _render_styled_line(
+    rng: np.random.Generator,
+    text: str,
+    fonts: Sequence[Path],
+    sizes: tuple[int, int],
+    dark_background: float,
+) -> np.ndarray:
+    """``text`` in a random font of ``fonts`` and size in ``sizes``; light on dark with probability
+    ``dark_background``, else dark on light; mild noise. RGB uint8, any width."""
+    font = ImageFont.truetype(str(fonts[int(rng.integers(len(fonts)))]), size=int(rng.integers(*sizes)))
+    left, top, right, bottom = font.getbbox(text)
+    pad_x, pad_y = (int(v) for v in rng.integers(2, 12, size=2))
+    w, h = right - left + 2 * pad_x, bottom - top + 2 * pad_y
+    light = tuple(int(v) for v in rng.integers(190, 256, size=3))
+    dark = tuple(int(v) for v in rng.integers(0, 80, size=3))
+    background, ink = (dark, light) if rng.random() < dark_background else (light, dark)
+    img = Image.new("RGB", (w, h), background)
+    ImageDraw.Draw(img).text((pad_x - left, pad_y - top), text, font=font, fill=ink)
+    arr = np.asarray(img, dtype=np.float32)
+    arr += rng.normal(0.0, rng.uniform(0.0, 8.0), size=arr.shape)
+    return np.clip(arr, 0, 255).astype(np.uint8)
+
+
+DirectionStyle = Literal["calib", "eval", "other"]
+
+
+def direction_lines(n: int, seed: int, *, style: DirectionStyle) -> list[tuple[np.ndarray, int]]:
+    """``n`` (BGR uint8 text-line image, label) pairs for the direction classifier: label 1 (every
+    other line, starting with the second) is the line turned 180 degrees, label 0 upright.
+
+    ``style`` picks disjoint sources: ``calib`` (the calibration words, :data:`_FONT_FILES`, sizes
+    22-40, 1-5 tokens), ``eval`` (the evaluation words, same fonts and sizes), ``other`` (a word list
+    no other set uses, Computer Modern / STIX / oblique DejaVu fonts none of the others use, sizes
+    14-30, 1-4 tokens, a quarter of the lines light on dark).
+    """
+    if style not in ("calib", "eval", "other"):
+        raise ValueError(f'style must be "calib", "eval" or "other", not {style!r}')
+    rng = np.random.default_rng(seed)
+    vocab = direction_vocabulary(style)
+    if style == "other":
+        fonts, sizes, dark, tokens = _other_font_paths(), (14, 31), 0.25, (1, 5)
+    else:
+        fonts, sizes, dark, tokens = _font_paths(), (22, 41), 0.0, (1, 6)
+    out: list[tuple[np.ndarray, int]] = []
+    for i in range(n):
+        words = [_random_token(rng, vocab) for _ in range(int(rng.integers(*tokens)))]
+        if not any(t.isalpha() for t in words):  # every line holds a word of its own vocabulary
+            words[0] = vocab[int(rng.integers(len(vocab)))]
+        img = _render_styled_line(rng, " ".join(words), fonts, sizes, dark)
+        label = i % 2
+        if label:
+            img = img[::-1, ::-1]
+        out.append((np.ascontiguousarray(img[:, :, ::-1]), label))  # RGB -> BGR
+    return out
+
+
+# Photos none of the sets above draw from (OBJECT_PHOTOS feeds MobileNetV2's calibration, first
+# halves, and its first evaluation set, second halves): the other skimage photos and matplotlib's
+# present-box photo. Kept apart from _photo_loaders so photo_names() and photo_crops() are unchanged.
+OTHER_PHOTOS = (
+    "hubble_deep_field", "immunohistochemistry", "retina", "moon", "brick", "grass", "gravel", "cell",
+    "page", "text", "colorwheel", "horse", "logo", "microaneurysms", "present_box",
+)  # fmt: skip
+
+
+def _other_photo_loaders() -> dict[str, Callable[[], np.ndarray]]:
+    from skimage import data
+
+    def _present() -> np.ndarray:
+        from matplotlib import cbook
+
+        path = cbook.get_sample_data("Minduka_Present_Blue_Pack.png", asfileobj=False)
+        return np.asarray(Image.open(path).convert("RGB"))
+
+    loaders: dict[str, Callable[[], np.ndarray]] = {
+        n: getattr(data, n) for n in OTHER_PHOTOS if hasattr(data, n)
+    }
+    loaders["present_box"] = _present
+    return loaders
+
+
+@functools.cache
+def _try_load_other_photo(name: str) -> np.ndarray | None:
+    if name in OBJECT_PHOTOS:
+        raise ValueError(f"{name!r} is an OBJECT_PHOTOS photo, not an other photo")
+    load = _other_photo_loaders().get(name)
+    if load is None:
+        return None
+    try:
+        img = _as_hwc3(np.asarray(load()))
+    except Exception as exc:
+        log.debug("photo %s unavailable: %s", name, exc)
+        return None
+    img.setflags(write=False)
+    return img
+
+
+def other_photo_names() -> list[str]:
+    """The :data:`OTHER_PHOTOS` available on this machine."""
+    names = [n for n in OTHER_PHOTOS if _try_load_other_photo(n) is not None]
+    if not names:
+        raise RuntimeError("none of OTHER_PHOTOS is available: install scikit-image, matplotlib")
+    return names
+
+
+def other_photo_crops(n: int, seed: int) -> list[np.ndarray]:
+    """``n`` RGB uint8 crops of :data:`OTHER_PHOTOS` at other framings than :func:`photo_crops`:
+    a zoomed-in side (25-70% of the short side), aspect 3:4 to 4:3, resized to 160-320 px on the
+    long side, mirrored half the time and upside down one time in eight. Feed them through
+    :func:`imagenet_preprocess` (short side 256, centre crop 224)."""
+    rng = np.random.default_rng(seed)
+    sources = [_try_load_other_photo(name) for name in other_photo_names()]
+    crops = []
+    for _ in range(n):
+        img = sources[int(rng.integers(len(sources)))]
+        h, w = img.shape[:2]
+        side = max(16, int(min(h, w) * rng.uniform(0.25, 0.7)))
+        aspect = float(rng.uniform(0.75, 4 / 3))
+        ch, cw = min(h, max(16, round(side / math.sqrt(aspect)))), min(w, max(16, round(side * math.sqrt(aspect))))
+        y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        crop = img[y : y + ch, x : x + cw]
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        if rng.random() < 0.125:
+            crop = crop[::-1]
+        long_side = int(rng.integers(160, 321))
+        scale = long_side / max(ch, cw)
+        size = (max(1, round(cw * scale)), max(1, round(ch * scale)))
+        crops.append(np.asarray(Image.fromarray(np.ascontiguousarray(crop)).resize(size, Image.BILINEAR)))
+    return crops
+
+
+def make_cls_assets(out_dir: str | Path, n_calib: int = 32) -> dict[str, Path]:
+    """The direction classifier (``ocr_cls.onnx``, as shipped) and ``n_calib`` preprocessed
+    calibration lines (``cls_calib/line_*.npy``, half upside down) under ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"ocr_cls": out / "ocr_cls.onnx", "cls_calib": out / "cls_calib"}
+    with atomic_path(paths["ocr_cls"]) as tmp:
+        shutil.copyfile(ppocr_cls_model(), tmp)
+    _clear_generated(paths["cls_calib"], "line_*.npy")
+    for i, (img, _label) in enumerate(direction_lines(n_calib, CALIB_SEED, style="calib")):
+        atomic_save_npy(paths["cls_calib"] / f"line_{i:04d}.npy", cls_preprocess(img))
+    return paths
