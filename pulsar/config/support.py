@@ -26,7 +26,7 @@ class Rule:
 
 
 def _default(value: Any, _cfg: dict[str, Any], *, default: Any) -> bool:
-    return value == default
+    return bool(value == default)
 
 
 def _at_default(path: str, why: str = _NOT_YET) -> Rule:
@@ -35,7 +35,10 @@ def _at_default(path: str, why: str = _NOT_YET) -> Rule:
         node = resolve(node)
         node = node.get("properties", {}).get(part) or resolve(node.get("items", {})).get("properties", {})[part]
     default = resolve(node).get("default")
-    return Rule(path, lambda v, _c, d=default: v is None or v == d, why, unavailable=True)
+    def allowed(v: Any, _c: dict[str, Any]) -> bool:
+        return v is None or bool(v == default)
+
+    return Rule(path, allowed, why, unavailable=True)
 
 
 def _needs(path: str, condition: Callable[[dict[str, Any]], bool], why: str) -> Rule:
@@ -91,8 +94,9 @@ RULES: list[Rule] = [
     _needs("compiler.disable_ir_fix", _multi_batch, _MULTI),
     Rule("compiler.max_dynamic_batch_size", lambda v, c: not v or not c.get("static_batch_sizes"),
          "static (compiler.static_batch_sizes) and dynamic multi-batch exclude each other; set one of them"),
-    Rule("compiler.check_tensor_black_list", lambda v, c: not v or c.get("check_mode") == "CheckPerLayer",
-         "only used by compiler.check_mode CheckPerLayer"),
+    Rule("compiler.check_tensor_black_list",
+         lambda v, c: not v or bool(c.get("check")) and c.get("check_mode") == "CheckPerLayer",
+         "only used by compiler.check 1, 2 or 3 with check_mode CheckPerLayer"),
     # fields that only act together with another one
     _needs("quant.precision_analysis_method", _analysis, "only used with quant.precision_analysis"),
     _needs("quant.precision_analysis_mode", _analysis, "only used with quant.precision_analysis"),
@@ -122,7 +126,7 @@ RULES: list[Rule] = [
 ]
 
 
-def _values(data: Any, parts: list[str], prefix: str, parent: dict[str, Any]) -> Iterator[tuple[str, Any, dict]]:
+def _values(data: Any, parts: list[str], prefix: str, parent: dict[str, Any]) -> Iterator[tuple[str, Any, dict[str, Any]]]:
     if not parts:
         yield prefix, data, parent
         return

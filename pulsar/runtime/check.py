@@ -3,23 +3,37 @@
 Run by the build (pulsar/api.py) right after the compiler stage wrote the compiled model, in the same
 "compile" step; the NPUBackend precision analysis (:mod:`pulsar.runtime.analysis`) follows it.
 
-- check 1 (all-close, ``check_rtol`` / ``check_atol``) and 3 (cosine >= ``check_cosine_simularity``)
-  compare the bit-exact simulation (NPUBackend) with the float QDQ reference (the compiled model's
-  own reference bodies in onnxruntime): how far integer arithmetic is from float QDQ math.
+- check 1 (all-close) and 3 (cosine >= ``check_cosine_simularity``) compare the bit-exact simulation
+  (NPUBackend) with the float QDQ reference (the compiled model's own reference bodies in
+  onnxruntime): how far integer arithmetic is from float QDQ math.
 - check 2 (all-equal) compares it with an independent integer reference: the QDQ model lowered
   again from its scales, packaged in memory and simulated. Any difference means the compiled file
   does not hold the program its quantization parameters define (a corrupted multiplier, a packaging
   bug), so equality is the right test there.
 
-``check_mode`` CheckOutput compares the model outputs end to end. CheckPerLayer compares every tensor
-both runs compute (integer tensors of NPU subgraphs, float tensors of CPU subgraphs) in execution
-order, each op fed the reference's values of its inputs, and names the first one that fails
-(skipping names that match a ``check_tensor_black_list`` regex). Feeding the reference's inputs
-matters: a quantized network is chaotic, so one element rounded the other way early on (float32
-QDQ math and exact integer math disagree on ~1e-6 of the elements, on values within float
-rounding of a .5 boundary; on 16-bit tensors ~1%) spreads into many differences downstream. End to
-end, integer and float QDQ outputs of a deep network differ about as much as the float QDQ run does
-from itself when one quantized input code in 10,000 moves by one step (python -m bench.bench_npu).
+``check_mode`` CheckPerLayer (the default) compares every tensor both runs compute (integer tensors of
+NPU subgraphs, float tensors of CPU subgraphs) in execution order, each op fed the reference's values
+of its inputs, and names the first one that fails (skipping names that match a
+``check_tensor_black_list`` regex). CheckOutput compares the model outputs end to end. Feeding the
+reference's inputs matters: a quantized network is chaotic, so one element rounded the other way
+early on (float32 QDQ math and exact integer math disagree on ~1e-6 of the elements, on values within
+float rounding of a .5 boundary; on 16-bit tensors ~1%) spreads into many differences downstream. End
+to end, integer and float QDQ outputs of a deep network differ about as much as the float QDQ run does
+from itself when one quantized input code in 10,000 moves by one step (python -m bench.bench_npu):
+cosine 0.994-0.998 on MobileNetV2 and the PP-OCRv4 recognizer, where per layer the worst tensor has
+cosine 0.99997 and no code differs by more than one step.
+
+A quantized (integer) tensor is compared on its quantization grid, read from the QuantizeLinear that
+makes it in the reference (``real = (code - zero_point) * scale``):
+
+- check 1 passes an element within one quantization step of the reference plus ``check_atol`` +
+  ``check_rtol`` x |reference| (real units): the step is the rounding difference the two
+  arithmetics may have on any element, more is an arithmetic error. Float tensors: ``numpy.allclose``
+  with ``check_rtol`` / ``check_atol``.
+- check 3 takes the cosine of the dequantized values (the zero point removed: the cosine of raw
+  uint8 codes around zero point 128 is near 1 whatever they hold). A tensor whose every element is
+  within one step of the reference passes: a tensor of a few small values can have a low cosine
+  from one rounding difference.
 """
 
 from __future__ import annotations
@@ -27,17 +41,19 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx.inliner
+from onnx import numpy_helper
 
 from pulsar.compiler.lower import LowerOptions, lower_qdq_model
 from pulsar.compiler.lower.model import SubRange
 from pulsar.context import BuildContext
-from pulsar.core.container import load_compiled, package
+from pulsar.core.container import CompiledModel, load_compiled, package
 from pulsar.core.tensor_io import random_inputs
 from pulsar.core.variants import Variant, variants_of
 from pulsar.errors import PulsarError
@@ -57,13 +73,136 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (na * nb))
 
 
-Compare = Callable[[np.ndarray, np.ndarray, Any], bool]
-CHECKS: dict[int, tuple[str, Compare]] = {
-    1: ("all-close", lambda a, b, c: bool(np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
-                                                      rtol=c.check_rtol, atol=c.check_atol))),
-    2: ("all-equal", lambda a, b, c: bool(np.array_equal(a, b))),
-    3: ("cosine", lambda a, b, c: cosine(a, b) >= c.check_cosine_simularity),
-}
+CHECKS: dict[int, str] = {1: "all-close", 2: "all-equal", 3: "cosine"}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The quantization grid of an integer tensor: ``real = (code - zero_point) * scale``, per tensor or
+    along ``axis``."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int = 1
+
+    def _along(self, v: np.ndarray, ndim: int) -> np.ndarray:
+        if v.size == 1 or ndim == 0:
+            return v.reshape(())
+        shape = [1] * ndim
+        shape[self.axis % ndim] = -1
+        return v.reshape(shape)
+
+    def step(self, ndim: int) -> np.ndarray:
+        return self._along(self.scale, ndim)
+
+    def real(self, codes: np.ndarray) -> np.ndarray:
+        real: np.ndarray = (np.asarray(codes, np.float64) - self._along(self.zero_point, codes.ndim)) \
+            * self.step(codes.ndim)
+        return real
+
+    def describe(self) -> str:
+        if self.scale.size == 1:
+            return f"scale {float(self.scale.reshape(())):.6g}, zero point {int(self.zero_point.reshape(()))}"
+        return f"per-axis scale along axis {self.axis}"
+
+
+CODES = Grid(np.ones(1), np.zeros(1))  # an integer tensor whose grid is unknown: compared in codes
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    out = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    return out
+
+
+# ops that move integer codes without changing them: their outputs are on their (first) input's grid
+_MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Split", "Gather", "Identity",
+          "MaxPool", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Resize", "Pad"}
+
+
+def quant_grids(compiled: CompiledModel) -> dict[str, Grid]:
+    """Tensor name -> quantization grid for every tensor a QuantizeLinear makes (in NPU reference bodies
+    and CPU bodies) and the data movement after it."""
+    grids: dict[str, Grid] = {}
+    for sg in compiled.subgraphs:
+        bodies = [sg.reference, *(r for _, r in sg.extra)] if sg.kind == "npu" else [sg.graph, *(b for b, _ in sg.extra)]
+        for body in bodies:
+            if body is None:
+                continue
+            consts = _constants(body)
+            for n in body.node:
+                if n.op_type == "QuantizeLinear" and n.input[1] in consts:
+                    zp = consts.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+                    scale = np.asarray(consts[n.input[1]], np.float64).ravel()
+                    axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
+                    grids.setdefault(n.output[0], Grid(scale, np.zeros(1) if zp is None else
+                                                       np.asarray(zp, np.float64).ravel(), axis))
+                elif n.op_type in _MOVES and n.input and n.input[0] in grids:
+                    for o in n.output:
+                        if o:
+                            grids.setdefault(o, grids[n.input[0]])
+    return grids
+
+
+def _at(a: np.ndarray, flat: int) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(flat, a.shape)) if a.ndim else ()
+
+
+def _all_close(got: np.ndarray, want: np.ndarray, grid: Grid | None, c: Any) -> str | None:
+    """None, or why check 1 fails: the worst element, its distance and the allowed one."""
+    if grid is None:
+        g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        diff, allowed = np.abs(g - w), c.check_atol + c.check_rtol * np.abs(w)
+        bad = ~(diff <= allowed)
+        if not bad.any():
+            return None
+        k = int(np.argmax(np.where(bad, diff - allowed, -np.inf)))
+        return (f"{int(bad.sum())} of {bad.size} elements outside check_atol {c.check_atol:g} + check_rtol "
+                f"{c.check_rtol:g} x |reference|; worst at {_at(g, k)}: {g.flat[k]:.6g} vs {w.flat[k]:.6g}, "
+                f"|difference| {diff.flat[k]:.6g} > allowed {allowed.flat[k]:.6g}")
+    codes = np.abs(np.asarray(got, np.int64) - np.asarray(want, np.int64))
+    step = np.broadcast_to(grid.step(codes.ndim), codes.shape)
+    allowed = 1 + (c.check_atol + c.check_rtol * np.abs(grid.real(want))) / step
+    bad = codes > allowed
+    if not bad.any():
+        return None
+    k = int(np.argmax(np.where(bad, codes - allowed, -np.inf)))
+    return (f"{int(bad.sum())} of {bad.size} elements further than one quantization step + check_atol "
+            f"{c.check_atol:g} + check_rtol {c.check_rtol:g} x |reference| from the reference; worst at "
+            f"{_at(codes, k)}: code {int(got.flat[k])} vs {int(want.flat[k])}, {int(codes.flat[k])} steps apart > "
+            f"allowed {allowed.flat[k]:.4g} ({grid.describe()})")
+
+
+def _cosine_ok(got: np.ndarray, want: np.ndarray, grid: Grid | None, c: Any) -> str | None:
+    """None, or why check 3 fails: the cosine (of dequantized values for an integer tensor) and the threshold."""
+    if grid is None:
+        value = cosine(got, want)
+        return None if value >= c.check_cosine_simularity else \
+            f"cosine {value:.6f} < check_cosine_simularity {c.check_cosine_simularity:g}"
+    value = cosine(grid.real(got), grid.real(want))
+    if value >= c.check_cosine_simularity:
+        return None
+    codes = np.abs(np.asarray(got, np.int64) - np.asarray(want, np.int64))
+    if codes.max(initial=0) <= 1:
+        return None  # rounding differences only
+    return (f"cosine {value:.6f} of the dequantized values < check_cosine_simularity "
+            f"{c.check_cosine_simularity:g} ({grid.describe()}; {int(np.count_nonzero(codes))} of {codes.size} "
+            f"codes differ, by up to {int(codes.max())} steps)")
+
+
+def verdict(check: int, got: np.ndarray, want: np.ndarray, grids: dict[str, Grid], name: str, c: Any) -> str | None:
+    """None when ``got`` passes ``compiler.check`` ``check`` against ``want``, else a one-line reason naming the
+    measured value and the threshold. An integer tensor is compared on its grid (``grids``; in codes when
+    its grid is unknown)."""
+    if got.shape != want.shape:
+        return f"shape {got.shape} vs {want.shape}"
+    if check == 2:
+        return None if np.array_equal(got, want) else _describe(got, want)
+    integer = np.issubdtype(got.dtype, np.integer) and np.issubdtype(want.dtype, np.integer)
+    grid = grids.get(name, CODES) if integer else None
+    return _all_close(got, want, grid, c) if check == 1 else _cosine_ok(got, want, grid, c)
 
 
 def check_samples(ctx: BuildContext, session: Session) -> list[dict[str, np.ndarray]]:
@@ -71,14 +210,17 @@ def check_samples(ctx: BuildContext, session: Session) -> list[dict[str, np.ndar
     samples when the compiled inputs are the model's own, else seeded random deployed inputs (processors
     changed the inputs)."""
     sample_dir = ctx.cfg.compiler.input_sample_dir
+    model = ctx.model
+    if model is None:
+        raise PulsarError("compiler.check: the build has no model to check against")
     if not sample_dir:
         own = [(i.name, tuple(d.dim_value for d in i.type.tensor_type.shape.dim), i.type.tensor_type.elem_type)
-               for i in ctx.model.graph.input]
+               for i in model.graph.input]
         deployed = [(i.name, tuple(i.shape), onnx.helper.np_dtype_to_tensor_dtype(i.dtype)) for i in session.inputs]
         if own == deployed and ctx.check_samples:
             return ctx.check_samples
         return [random_inputs(session.inputs, seed=i) for i in range(2)]
-    return list(deployed_sample_dir("compiler.input_sample_dir", sample_dir, ctx.model, session.inputs))
+    return list(deployed_sample_dir("compiler.input_sample_dir", sample_dir, model, session.inputs))
 
 
 def lowered_session(qdq_model: onnx.ModelProto, path: Path, options: LowerOptions) -> Session:
@@ -113,9 +255,10 @@ def compare(sim: Session, ref: Session, samples: list[dict[str, np.ndarray]], c:
     """Compare ``sim`` with ``ref`` per ``c.check`` / ``c.check_mode``; raise on the first failure.
     Returns table rows (one per output and sample) and the number of tensor comparisons;
     ``progress(n)`` is called after the n-th sample."""
-    name, ok = CHECKS[c.check]
+    name = CHECKS[c.check]
     black = [re.compile(p) for p in c.check_tensor_black_list]
     per_layer = c.check_mode == "CheckPerLayer"
+    grids = quant_grids(sim.compiled) if c.check != 2 else {}
     rows, compared = [], 0
     for i, feed in enumerate(samples):
         if per_layer:
@@ -130,12 +273,11 @@ def compare(sim: Session, ref: Session, samples: list[dict[str, np.ndarray]], c:
             names = list(got)
         for t in names:
             compared += 1
-            g, w = got[t], want[t]
-            if g.shape != w.shape or not ok(g, w, c):
-                detail = f"shape {g.shape} vs {w.shape}" if g.shape != w.shape else _describe(g, w)
+            why = verdict(c.check, got[t], want[t], grids, t, c)
+            if why is not None:
                 what = "tensor" if per_layer else "output"
                 raise PulsarError(f"compiler.check {c.check} ({name}, {c.check_mode}) failed on {what} '{t}' of "
-                                  f"sample {i} against the {ref_name}: {detail}")
+                                  f"sample {i} against the {ref_name}: {why}")
         rows += [(i, o.name, _describe(got[o.name], want[o.name])) for o in sim.outputs]
         if progress is not None:
             progress(i + 1)
@@ -180,7 +322,7 @@ def check_compiled(ctx: BuildContext, compiled: Path, deployed: onnx.ModelProto,
             else:
                 ref, ref_name = Session(loaded, mode="Reference", group=group), "float QDQ reference"
             label = f" ({variant})" if several else ""
-            what = f"compiler check {c.check} ({CHECKS[c.check][0]}, {c.check_mode}, {len(feeds)} samples){label}"
+            what = f"compiler check {c.check} ({CHECKS[c.check]}, {c.check_mode}, {len(feeds)} samples){label}"
             try:
                 with progress_task(ctx.stages, what, len(feeds)) as task:
                     got, n = compare(sim, ref, feeds, c, ref_name, progress=task)
@@ -189,7 +331,7 @@ def check_compiled(ctx: BuildContext, compiled: Path, deployed: onnx.ModelProto,
             rows += [(i, f"{o}{label}", d) for i, o, d in got]
             compared += n
             total += len(feeds)
-    show(table(f"Compiler check {c.check} ({CHECKS[c.check][0]}, {c.check_mode}) vs "
+    show(table(f"Compiler check {c.check} ({CHECKS[c.check]}, {c.check_mode}) vs "
                f"{'the references' if c.check == 2 else 'float QDQ reference'}: pass",
                ["sample", "output", "difference"], rows), quiet=ctx.quiet)
     log.info("compiler check %d passed: %d tensor comparisons over %d samples%s", c.check, compared, total,

@@ -22,7 +22,7 @@ def assets(tmp_path_factory):
 
 
 def _ocr(assets, out, **compiler):
-    overrides = {"compiler.check": 0, "compiler.check_mode": "CheckOutput",
+    overrides = {"compiler.check": 0,
                  "quant.input_configs": [{"tensor_name": "x", "calibration_dataset": str(assets["ocr_calib"]),
                                           "calibration_format": "Numpy", "calibration_size": 16}],
                  **{f"compiler.{k}": v for k, v in compiler.items()}}
@@ -71,7 +71,7 @@ def test_ocr_dynamic_batches_are_logged_and_bit_exact(assets, tmp_path):
 
 def test_mobilenet_extra_shape_keeps_its_accuracy(assets, tmp_path):
     res = pulsar.build(assets["mobilenetv2"], tmp_path / "out", "configs/mobilenetv2.toml", {
-        "compiler.check": 0, "compiler.check_mode": "CheckOutput",
+        "compiler.check": 0,
         "input_processors": [{"tensor_name": "DEFAULT", "tensor_format": "RGB", "tensor_layout": "NCHW",
                               "src_format": "RGB", "src_layout": "NHWC", "src_dtype": "U8",
                               "src_extra_shapes": [{"shape": [1, 3, 256, 256]}, {"shape": [1, 3, 192, 160]}]}],

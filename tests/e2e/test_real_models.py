@@ -54,7 +54,6 @@ def test_ppocr_recognizer_all_methods(assets, ocr_eval, tmp_path_factory):
     for method in ("MinMax", "Percentile", "MSE", "KL"):
         res = pulsar.build(model, tmp_path_factory.mktemp(f"ocr_{method}"), "configs/ocr_rec.yaml", {
             "quant.calibration_method": method, "work_dir": str(work), "compiler.check": 0,
-            "compiler.check_mode": "CheckOutput",
             "quant.input_configs": [{"tensor_name": "x", "calibration_dataset": str(assets["ocr_calib"]),
                                      "calibration_format": "Numpy", "calibration_size": 32}]}, quiet=True)
         sess = pulsar.Session(res.compiled_model)  # NPUBackend: the bit-exact integer program

@@ -40,7 +40,7 @@ CASES = {
     "reference_endtoend_check3": (
         ["--quant.precision_analysis", "true", "--quant.precision_analysis_method", "EndToEnd",
          "--compiler.check", "3"],
-        ["precision analysis (EndToEnd Reference, 8 samples)", "compiler check 3 (cosine, CheckOutput, 2 samples)"]),
+        ["precision analysis (EndToEnd Reference, 8 samples)", "compiler check 3 (cosine, CheckPerLayer, 2 samples)"]),
 }
 
 
