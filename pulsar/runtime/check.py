@@ -118,6 +118,7 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
 
 
 # ops that move integer codes without changing them: their outputs are on their (first) input's grid
+# (a per-tensor one: a per-axis grid's axis may move)
 _MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Split", "Gather", "Identity",
           "MaxPool", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Resize", "Pad"}
 
@@ -139,7 +140,7 @@ def quant_grids(compiled: CompiledModel) -> dict[str, Grid]:
                     axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
                     grids.setdefault(n.output[0], Grid(scale, np.zeros(1) if zp is None else
                                                        np.asarray(zp, np.float64).ravel(), axis))
-                elif n.op_type in _MOVES and n.input and n.input[0] in grids:
+                elif n.op_type in _MOVES and n.input and n.input[0] in grids and grids[n.input[0]].scale.size == 1:
                     for o in n.output:
                         if o:
                             grids.setdefault(o, grids[n.input[0]])
