@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pulsar.quant.layer_configs import NodePrecision
 from pulsar.quant.plan import QuantPlan
+from pulsar.quant.precision import NodePrecision
 from pulsar.quant.qdq import export_qdq, quant_params
 from pulsar.quant.scheme import TensorQuant
 

@@ -12,35 +12,16 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import onnx
 
 from pulsar.errors import PulsarError
+from pulsar.quant.precision import HIGHEST_DTYPE, NodePrecision
+from pulsar.quant.transformer import transformer_presets
 from pulsar.ui import show, table
 
 log = logging.getLogger(__name__)
-
-DEFAULT_DTYPE = "U8"
-HIGHEST_DTYPE = "U16"
-
-
-@dataclass(frozen=True)
-class NodePrecision:
-    data_type: str = DEFAULT_DTYPE            # activations the node reads and writes
-    output_data_type: str | None = None       # its outputs, when they differ (e.g. FP32 out of a U8 Conv)
-    weight_data_type: str | None = None       # None: S8
-    explicit: bool = False                    # chosen by a layer_configs entry (moves manual ops)
-
-    @property
-    def output(self) -> str:
-        return self.output_data_type or self.data_type
-
-    @property
-    def weights(self) -> str:
-        return self.weight_data_type or "S8"
-
 
 def _names(value: Any) -> list[str]:
     if value is None:
@@ -77,24 +58,6 @@ def subgraph_nodes(model: onnx.ModelProto, starts: list[str], ends: list[str]) -
                 backward.add(n.name)
                 stack.extend(n.input)
     return forward & backward
-
-
-# quant.transformer_opt_level: presets for transformer blocks, below any layer_configs entry.
-TRANSFORMER_NORM_OPS = frozenset({"LayerNormalization", "Softmax", "Gelu", "FastGelu"})
-
-
-def transformer_presets(model: onnx.ModelProto, level: int) -> dict[str, NodePrecision]:
-    """Level 1: LayerNormalization, Softmax and GELU move to the NPU at U16. Level 2: also the
-    activation x activation MatMuls of attention (Q.K^T, P.V) at U16."""
-    if level <= 0:
-        return {}
-    inits = {t.name for t in model.graph.initializer}
-    out = {}
-    for n in model.graph.node:
-        attention_matmul = n.op_type == "MatMul" and not any(i in inits for i in n.input)
-        if n.op_type in TRANSFORMER_NORM_OPS or (level >= 2 and attention_matmul):
-            out[n.name] = NodePrecision("U16", explicit=True)
-    return out
 
 
 _KIND = {4: "layer name", 3: "op type", 2: "subgraph range", 1: "whole-model range"}

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from pulsar.quant.layer_configs import NodePrecision
 from pulsar.quant.ops import (
     FUSED_ACTIVATIONS,
     MANUAL_OPS,
@@ -16,6 +15,7 @@ from pulsar.quant.ops import (
     is_unary_lut,
     scalar_operand_input,
 )
+from pulsar.quant.precision import NodePrecision
 from pulsar.quant.scheme import BITS
 
 FLOAT = onnx.TensorProto.FLOAT
@@ -71,7 +71,7 @@ def _rule_for(node: onnx.NodeProto, prec: NodePrecision, plan: QuantPlan,
     """Active / passive / manual placement (the Horizon classification): the rule to quantize the
     node with, or None to keep it on the CPU in float, and why."""
     if prec.data_type == "FP32":
-        return None, "layer_configs data_type FP32"
+        return None, prec.why or "layer_configs data_type FP32"
     scalar_in = scalar_operand_input(node, inits)
     if scalar_in is not None:
         return OpRule(data_inputs=(scalar_in,)), "active: arithmetic with a scalar constant (folded into the rescale)"

@@ -22,18 +22,14 @@ from pulsar.quant.algorithms.easy_quant import easy_quant, update_params
 from pulsar.quant.algorithms.refine_scale import refine_input_ranges
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
+from pulsar.quant.attention import masked_range, masked_scores
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
 from pulsar.quant.finetune import finetune_enabled, run_finetune
 from pulsar.quant.graph import QuantGraph
-from pulsar.quant.layer_configs import (
-    DEFAULT_DTYPE,
-    HIGHEST_DTYPE,
-    NodePrecision,
-    resolve_layer_precision,
-    show_layer_config_table,
-)
+from pulsar.quant.layer_configs import resolve_layer_precision, show_layer_config_table
 from pulsar.quant.plan import QuantPlan, make_plan
+from pulsar.quant.precision import DEFAULT_DTYPE, HIGHEST_DTYPE, NodePrecision
 from pulsar.quant.samples import Samples, check_sample_dirs, open_sample_dir
 from pulsar.quant.scheme import BITS, DTYPES, TensorQuant
 from pulsar.ui import show, table
@@ -165,6 +161,19 @@ def activation_ranges(stats: dict[str, Any], plan: QuantPlan, q: Any,
                                      symmetric=signed, percentile=q.calibration_percentile))
     if not q.disable_auto_refine_scale:
         refine_input_ranges(model, plan, stats, ranges)
+    mask_floor: dict[str, float] = {}
+    for m in masked_scores(model):
+        if m.output in ranges and m.output not in plan.shared:
+            scores = ranges.get(m.scores) or (float(stats[m.scores].min), float(stats[m.scores].max))
+            ranges[m.output] = lo, hi = masked_range(scores)
+            log.info("attention mask: %s (%s) quantized over the scores' range %.4g .. %.4g widened to %.4g .. %.4g",
+                     m.output, m.node, *scores, lo, hi)
+            if m.mask is not None:  # a quantized mask saturates where it pushes any score to the bottom
+                mask_floor[m.mask] = min(mask_floor.get(m.mask, 0.0), lo - hi)
+    for mask, floor in mask_floor.items():
+        if mask in ranges and mask not in plan.shared and ranges[mask][0] < floor:
+            log.info("attention mask: %s saturates at %.4g (calibrated %.4g)", mask, floor, ranges[mask][0])
+            ranges[mask] = (floor, max(ranges[mask][1], 0.0))
     for a in plan.shared:
         ranges[a] = ranges[plan.dominator(a)]  # passive outputs: their input's grid, no requantization
     return ranges

@@ -83,14 +83,14 @@ def test_transformer_opt_levels_move_norms_softmax_gelu_and_attention_matmuls(tm
         placed[level] = {v["op_type"]: v["placement"] for v in q["nodes"].values()
                          if v["op_type"] in ("Softmax", "LayerNormalization", "Gelu")}
         u16 = {t for t, v in q["tensors"].items() if v["dtype"] == "U16"}
-        if level == 0:
-            assert not u16
+        if level == 0:  # the residual stream and block products only (pulsar.quant.transformer)
+            assert u16
         else:
             s32 = [t for t, v in q["tensors"].items() if v["kind"] == "constant" and v["dtype"] == "S32"]
             assert len(s32) == 4  # the four LayerNorm scales
         placed[level]["u16"] = len(u16)
-    assert set(placed[0].values()) - {0} == {"CPU"} and set(placed[1].values()) - {placed[1]["u16"]} == {"NPU"}
-    assert placed[2]["u16"] > placed[1]["u16"] > 0
+    assert set(placed[0].values()) - {placed[0]["u16"]} == {"CPU"} and set(placed[1].values()) - {placed[1]["u16"]} == {"NPU"}
+    assert placed[2]["u16"] >= placed[1]["u16"] > placed[0]["u16"] > 0
 
 
 def test_disable_quant_optimization_quantizes_pre_activations_and_passive_outputs(tmp_path):

@@ -8,6 +8,7 @@ import numpy as np
 from pulsar.compiler.lower.qdq_graph import QParams
 from pulsar.compiler.lower.rules.base import INT64_LIMIT, LowerCtx, Operand, Unsupported, clamp_of, rule
 from pulsar.compiler.lower.rules.lut import LUT_FUNCS, clip_bounds, emit_lut
+from pulsar.core.fixedpoint import multiplier_limit
 
 
 def _act_and_const(ctx: LowerCtx) -> tuple[int, int]:
@@ -30,6 +31,9 @@ def lower_add(ctx: LowerCtx) -> None:
         bound = aq.max_centered + bq.max_centered
         n = min(int(ctx.multiplier(abs(ra), bound, "add scale")[1]), int(ctx.multiplier(abs(rb), bound, "add scale")[1]))
         ma, mb = int(np.rint(ra * 2.0**n)), int(np.rint(rb * 2.0**n))
+        if max(abs(ma), abs(mb)) > multiplier_limit(bound):
+            raise Unsupported(f"{ctx.op} operand scales differ by {max(abs(ra), abs(rb)) / max(min(abs(ra), abs(rb)), 1e-300):.3g}x: "
+                              "too far apart for one integer rescale (check the ranges of its inputs)")
         ctx.emit("QAdd", [aq.name, bq.name], [yq.name], a_zp=aq.zp, b_zp=bq.zp, Ma=ma, Mb=mb, N=n, **ctx.common())
         return
     ia, ic = _act_and_const(ctx)
