@@ -81,8 +81,9 @@ def sentences(n_calib: int = 64, n_query: int = 200) -> tuple[list[str], list[st
     return order[:n_calib], order[n_calib:n_calib + n_query], order[n_calib + n_query:]
 
 
-def module(mask_style: str = "mul") -> Any:
-    """The torch encoder with the bundled weights (eval mode)."""
+def module(mask_style: str = "mul", mask_value: float | None = None) -> Any:
+    """The torch encoder with the bundled weights (eval mode); ``mask_value``: the additive mask's
+    value at padded positions (default float32's min, as transformers writes it; -1e4 in older exports)."""
     import torch
     from safetensors.torch import load_file
     from torch import nn
@@ -116,10 +117,11 @@ def module(mask_style: str = "mul") -> Any:
             s = ids.shape[1]
             x = self.ln(self.word(ids) + self.pos.weight[:s] + self.segment.weight[0])
             m = mask.to(torch.float32)
+            big = torch.finfo(torch.float32).min if mask_value is None else mask_value
             if mask_style == "where":
-                bias = torch.where(mask[:, None, None, :] == 0, torch.tensor(torch.finfo(torch.float32).min), torch.tensor(0.0))
+                bias = torch.where(mask[:, None, None, :] == 0, torch.tensor(big), torch.tensor(0.0))
             else:
-                bias = (1.0 - m[:, None, None, :]) * torch.finfo(torch.float32).min
+                bias = (1.0 - m[:, None, None, :]) * big
             for layer in self.layers:
                 x = layer(x, bias)
             pooled = (x * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1e-9)
@@ -143,12 +145,12 @@ def module(mask_style: str = "mul") -> Any:
     return enc.eval()
 
 
-def minilm_onnx(path: str | Path, *, seq: int = SEQ, mask_style: str = "mul") -> Path:
+def minilm_onnx(path: str | Path, *, seq: int = SEQ, mask_style: str = "mul", mask_value: float | None = None) -> Path:
     """Export the encoder to ``path`` (opset 16, static [1, seq] int64 inputs, output [1, 384])."""
     import torch
 
     path = Path(path)
-    enc = module(mask_style)
+    enc = module(mask_style, mask_value)
     feed = encode(["A sentence to trace the export with."], seq)[0]
     args = tuple(torch.from_numpy(feed[k]) for k in INPUTS)
     with atomic_path(path) as tmp, warnings.catch_warnings(), torch.no_grad():
