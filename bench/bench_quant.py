@@ -629,13 +629,12 @@ def main(argv: list[str] | None = None) -> int:
         table, ahead = summary(results, args.qdq)
         print(table, flush=True)
         first = ", ".join(f"{s.name}: {s.keys[0]}" for s, _ in results.values())
-        print(
-            f"\npulsar default is {'never behind' if ahead else 'BEHIND'} onnxruntime's best calibrator on "
-            f"some model / set ({first}, QDQ as float)" if not ahead else
-            f"\npulsar default is at least as good as onnxruntime's best calibrator on every model and set "
-            f"({first}, QDQ as float; see the default - ORT column for the margins)",
-            flush=True,
+        verdict = (
+            "is at least as good as onnxruntime's best calibrator on every model and set"
+            if ahead
+            else "is BEHIND onnxruntime's best calibrator on some model / set"
         )
+        print(f"\npulsar default {verdict} ({first}, QDQ as float; margins in 'default - ORT')", flush=True)
     if args.json:
         out = {
             name: {
