@@ -94,6 +94,10 @@ class Spec:
     calib_sources: str = ""
     calib_inputs: Callable[[int], list[np.ndarray]] | None = field(default=None, repr=False)  # for tests
 
+    def eval_data(self, n: int) -> tuple[list[np.ndarray], list]:
+        """The first evaluation set (the one earlier figures and the other benches use)."""
+        return self.eval_sets[0].make(n)
+
 
 SPECS: dict[str, Spec] = {}
 
@@ -349,14 +353,16 @@ def _input_shape(config: dict) -> tuple[int, ...] | None:
     return tuple(int(v) for v in spec.rsplit(":", 1)[1].split("x")) if spec else None
 
 
-def _ort_input_fallback(model: Path, dest: Path, shape: tuple[int, ...] | None) -> Path:
-    """Without pulsar: fix the input shape, move to opset 17 and fold constants (onnxslim), as
-    pulsar's frontend would, so onnxruntime sees a comparable graph."""
+def _ort_input_fallback(model: Path, dest: Path, shape: tuple[int, ...] | None = None) -> Path:
+    """Without pulsar: fix the input shape (``shape``, default the recognizer's 1x3x48x320), move to
+    opset 17 and fold constants (onnxslim), as pulsar's frontend would, so onnxruntime sees a
+    comparable graph."""
     import onnxslim
     from onnx import version_converter
 
+    shape = shape or (1, 3, assets.OCR_H, assets.OCR_W)
     m = onnx.load(str(model))
-    if shape is not None and any(d.dim_value <= 0 for d in m.graph.input[0].type.tensor_type.shape.dim):
+    if any(d.dim_value <= 0 for d in m.graph.input[0].type.tensor_type.shape.dim):
         dims = m.graph.input[0].type.tensor_type.shape.dim
         for d, v in zip(dims, shape, strict=True):
             d.Clear()
@@ -636,14 +642,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"\npulsar default {verdict} ({first}, QDQ as float; margins in 'default - ORT')", flush=True)
     if args.json:
-        out = {
-            name: {
-                "eval_sets": {es.name: es.sources for es in spec.eval_sets},
-                "rows": [r.__dict__ for r in rows],
-            }
+        # per model a list of rows; "scores" holds the first set's figures (the format before several
+        # sets), "scores_by_set" every set's
+        out: dict = {
+            name: [
+                {**r.__dict__, "scores": r.scores.get(spec.eval_sets[0].name, {}), "scores_by_set": r.scores}
+                for r in rows
+            ]
             for name, (spec, rows) in results.items()
         }
-        out["default_beats_best_ort"] = ahead
+        out["summary"] = {
+            "eval_sets": {name: {es.name: es.sources for es in spec.eval_sets} for name, (spec, _) in results.items()},
+            "default_never_behind_best_ort": ahead,
+        }
         args.json.write_text(json.dumps(out, indent=2))
     return 0
 
