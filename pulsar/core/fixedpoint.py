@@ -43,6 +43,9 @@ def quantize_multiplier(real: float | np.ndarray, acc_bound: int, *, m_bits: int
     r = np.asarray(real, dtype=np.float64)
     limit = multiplier_limit(acc_bound, m_bits)
     mag = np.abs(r)
+    if mag.size and not (np.all(np.isfinite(mag)) and float(np.rint(mag.max())) <= limit):  # even N = 0 fails
+        raise PulsarError(f"{what}: scale ratio {float(np.nanmax(mag)):.3g} is too large for an accumulator bound "
+                          f"of {acc_bound}; check the quantization ranges of this layer")
     with np.errstate(divide="ignore"):
         n = np.floor(np.log2(limit / np.where(mag > 0, mag, 1.0)))
     n = np.clip(n, 0, MAX_SHIFT).astype(np.int64)

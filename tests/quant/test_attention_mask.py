@@ -161,7 +161,16 @@ def _samples(n: int, seed: int) -> list[dict[str, np.ndarray]]:
     return out
 
 
-def test_masked_block_at_defaults_stays_close_to_float(tmp_path: Path) -> None:
+WHOLE_U16 = {"quant.layer_configs": [{"start_tensor_names": ["DEFAULT"], "end_tensor_names": ["DEFAULT"],
+                                       "data_type": "U16"}]}
+
+
+@pytest.mark.parametrize("overrides", [{}, {"quant.transformer_opt_level": 1}, WHOLE_U16],
+                         ids=["default", "softmax-on-npu", "mask-quantized"])
+def test_masked_block_stays_close_to_float(tmp_path: Path, overrides: dict) -> None:
+    """Default: the mask in float. Level 1: the NPU Softmax reads the masked scores on the widened
+    scores' range. A whole-model U16 range quantizes the mask too: it saturates where it pushes any
+    score to the bottom of the grid (quantized over -3.4e38 it would not even compile)."""
     model = _block(tmp_path / "block.onnx")
     for name in ("x", "mask"):
         (tmp_path / "calib" / name).mkdir(parents=True)
@@ -170,7 +179,7 @@ def test_masked_block_at_defaults_stays_close_to_float(tmp_path: Path) -> None:
             np.save(tmp_path / "calib" / name / f"{i:02d}.npy", v)
     cfg = {"quant": {"input_configs": [{"tensor_name": n, "calibration_dataset": str(tmp_path / "calib" / n),
                                         "calibration_format": "Numpy", "calibration_size": 16} for n in ("x", "mask")]}}
-    pulsar.build(input=model, output_dir=tmp_path / "out", config=cfg, quiet=True)
+    pulsar.build(input=model, output_dir=tmp_path / "out", config=cfg, overrides=overrides, quiet=True)
     float_sess = ort.InferenceSession(str(model))
     npu = pulsar.Session(tmp_path / "out" / "compiled.pulsar")
     for s in _samples(8, 1):
@@ -180,6 +189,10 @@ def test_masked_block_at_defaults_stays_close_to_float(tmp_path: Path) -> None:
         assert cos >= 0.99, cos
     qcfg = json.loads((tmp_path / "out" / "quant" / "quant_config.json").read_text())
     mask_nodes = [n for n, v in qcfg["nodes"].items() if MASK_REASON in json.dumps(v)]
-    assert mask_nodes, "the mask ops are placed on the CPU with their reason"
+    assert bool(mask_nodes) == (overrides is not WHOLE_U16), "the mask ops are on the CPU with their reason"
+    [found] = masked_scores(onnx.load(tmp_path / "out" / "frontend" / "optimized.onnx"))
+    if found.output in qcfg["tensors"]:  # quantized for an NPU Softmax: the scores' range widened below
+        t = qcfg["tensors"][found.output]
+        assert t["dtype"] == "U16" and -1e3 < t["range"][0] <= -MASK_MARGIN, t["range"]
     stream = transformer_stream(onnx.load(tmp_path / "out" / "frontend" / "optimized.onnx"))
     assert stream, "the block's residual stream is raised to 16 bits"
