@@ -24,7 +24,7 @@ such as a baked causal mask, and a boolean masked fill ``Where(cond, scores, -bi
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -48,6 +48,7 @@ class MaskedScores:
     output: str
     branch: tuple[str, ...]
     mask: str | None = None  # the additive mask tensor (None: a masked fill by Where)
+    path: tuple[str, ...] = ()  # the tensors from ``output`` to the Softmax input (``output`` first)
 
 
 class _Graph:
@@ -98,17 +99,21 @@ class _Graph:
                 stack.append(i)
         return nodes, large
 
-    def reaches_softmax(self, tensor: str) -> bool:
-        stack, seen = [tensor], set()
+    def path_to_softmax(self, tensor: str, through: set[str]) -> list[str] | None:
+        """The tensors from ``tensor`` to a Softmax's input through shape-only ops and the mask
+        applications ``through`` (stacked masks: causal then padding), or None when none is reached."""
+        stack: list[tuple[str, list[str]]] = [(tensor, [tensor])]
+        seen: set[str] = set()
         while stack:
-            t = stack.pop()
+            t, path = stack.pop()
             for r in self.readers.get(t, []):
                 if r.op_type in SOFTMAX_OPS and r.input[0] == t:
-                    return True
-                if r.op_type in SHAPE_OPS and r.input[0] == t and r.name not in seen:
+                    return path
+                passes = (r.op_type in SHAPE_OPS and r.input[0] == t) or r.name in through
+                if passes and r.name not in seen and r.output:
                     seen.add(r.name)
-                    stack.extend(r.output)
-        return False
+                    stack.append((r.output[0], [*path, r.output[0]]))
+        return None
 
 
 def _candidate(g: _Graph, node: onnx.NodeProto) -> MaskedScores | None:
@@ -135,13 +140,24 @@ def _candidate(g: _Graph, node: onnx.NodeProto) -> MaskedScores | None:
 def masked_scores(model: onnx.ModelProto) -> list[MaskedScores]:
     """Every attention mask application of ``model`` (see the module docstring), in graph order."""
     g = _Graph(model)
+    found = {n.name: c for n in model.graph.node if n.op_type in ("Add", "Sub", "Where") and n.output
+             and (c := _candidate(g, n)) is not None}
     out = []
-    for n in model.graph.node:
-        if n.op_type in ("Add", "Sub", "Where") and n.output and g.reaches_softmax(n.output[0]):
-            found = _candidate(g, n)
-            if found is not None:
-                out.append(found)
+    for c in found.values():
+        path = g.path_to_softmax(c.output, set(found))
+        if path is not None:
+            out.append(replace(c, path=tuple(path)))
     return out
+
+
+def true_scores(masks: list[MaskedScores], m: MaskedScores) -> str:
+    """The scores under ``m`` before any other mask was applied (stacked masks)."""
+    by_output = {x.output: x for x in masks}
+    scores, seen = m.scores, {m.output}
+    while scores in by_output and scores not in seen:
+        seen.add(scores)
+        scores = by_output[scores].scores
+    return scores
 
 
 def masked_range(scores: tuple[float, float]) -> tuple[float, float]:

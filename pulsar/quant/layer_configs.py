@@ -96,7 +96,7 @@ def resolve_layer_precision(layer_configs: Any, model: onnx.ModelProto, *, highe
     """node name -> precision for every node (the default, or U16 with highest_mix_precision)."""
     default = NodePrecision(HIGHEST_DTYPE, weight_data_type="S16") if highest_mix_precision else NodePrecision()
     chosen: dict[str, tuple[int, NodePrecision, int]] = {
-        name: (0, prec, -1) for name, prec in transformer_presets(model, transformer_opt_level).items()}
+        name: (0, prec, -1) for name, prec in transformer_presets(model, transformer_opt_level, default).items()}
     overridden: dict[tuple[int, int], list[str]] = defaultdict(list)  # (winner, loser) -> layers
     for i, lc in enumerate(layer_configs):
         named, ops, ranged, whole = _selection(lc, i, model)

@@ -22,7 +22,7 @@ from pulsar.quant.algorithms.easy_quant import easy_quant, update_params
 from pulsar.quant.algorithms.refine_scale import refine_input_ranges
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
-from pulsar.quant.attention import masked_range, masked_scores
+from pulsar.quant.attention import masked_range, masked_scores, true_scores
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
 from pulsar.quant.finetune import finetune_enabled, run_finetune
@@ -162,16 +162,24 @@ def activation_ranges(stats: dict[str, Any], plan: QuantPlan, q: Any,
     if not q.disable_auto_refine_scale:
         refine_input_ranges(model, plan, stats, ranges)
     mask_floor: dict[str, float] = {}
-    for m in masked_scores(model):
-        if m.output in ranges and m.output not in plan.shared:
-            scores = ranges.get(m.scores) or (float(stats[m.scores].min), float(stats[m.scores].max))
-            ranges[m.output] = lo, hi = masked_range(scores)
-            log.info("attention mask: %s (%s) quantized over the scores' range %.4g .. %.4g widened to %.4g .. %.4g",
-                     m.output, m.node, *scores, lo, hi)
-            if m.mask is not None:  # a quantized mask saturates where it pushes any score to the bottom
-                mask_floor[m.mask] = min(mask_floor.get(m.mask, 0.0), lo - hi)
+    masks = masked_scores(model)
+    for m in masks:
+        quantized = sorted({plan.dominator(t) for t in m.path if t in plan.activations} & ranges.keys())
+        if not quantized:
+            continue  # the Softmax is float: the mask is added in float before it
+        scores_name = true_scores(masks, m)
+        scores = ranges.get(scores_name) or (float(stats[scores_name].min), float(stats[scores_name].max))
+        top = float(stats[m.output].max) if m.output in stats else scores[1]  # a mask may carry a bias (ALiBi, T5)
+        lo, hi = masked_range((scores[0], max(scores[1], top)))
+        for t in quantized:
+            ranges[t] = (lo, hi)
+        log.info("attention mask: %s (%s) quantized over the scores' range %.4g .. %.4g widened to %.4g .. %.4g",
+                 ", ".join(quantized), m.node, *scores, lo, hi)
+        if m.mask is not None:  # a quantized mask saturates where it pushes any score to the bottom
+            mask = plan.dominator(m.mask)
+            mask_floor[mask] = min(mask_floor.get(mask, 0.0), lo - hi)
     for mask, floor in mask_floor.items():
-        if mask in ranges and mask not in plan.shared and ranges[mask][0] < floor:
+        if mask in ranges and ranges[mask][0] < floor:
             log.info("attention mask: %s saturates at %.4g (calibrated %.4g)", mask, floor, ranges[mask][0])
             ranges[mask] = (floor, max(ranges[mask][1], 0.0))
     for a in plan.shared:

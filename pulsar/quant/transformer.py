@@ -30,6 +30,9 @@ MASK_REASON = ("attention mask: added in float so the scores keep their own rang
 STREAM_REASON = "transformer residual stream / block product: U16 (transformer presets)"
 TRANSFORMER_NORM_OPS = frozenset({"LayerNormalization", "Softmax", "Gelu", "FastGelu"})
 PRODUCT_OPS = frozenset({"MatMul", "Gemm"})
+# what may sit between Q.K^T and its Softmax: scaling, masks, bias, shape ops
+_SCORE_PATH = frozenset({"Div", "Mul", "Add", "Sub", "Where", "Reshape", "Transpose", "Squeeze", "Unsqueeze",
+                         "Identity", "Cast", "Expand", "Flatten"})
 
 
 def transformer_stream(model: onnx.ModelProto) -> list[str]:
@@ -41,8 +44,8 @@ def transformer_stream(model: onnx.ModelProto) -> list[str]:
         for i in n.input:
             readers[i].append(n)
     norms = [n for n in g.node if n.op_type == "LayerNormalization"]
-    if len(norms) < 2:
-        return []
+    if len(norms) < 2 or not has_attention(model):
+        return []  # LayerNorms around convolutions (ConvNeXt, an embedding head) are not a transformer
     after: set[str] = set()  # nodes downstream of a LayerNormalization
     stack = [o for n in norms for o in n.output]
     while stack:
@@ -71,14 +74,41 @@ def transformer_stream(model: onnx.ModelProto) -> list[str]:
     return out
 
 
-def transformer_presets(model: onnx.ModelProto, level: int) -> dict[str, NodePrecision]:
-    """node name -> preset precision for ``transformer_opt_level`` ``level`` (see the module docstring)."""
+def has_attention(model: onnx.ModelProto) -> bool:
+    """A Softmax over the product of two activations (Q.K^T), through scaling, masks and shape ops."""
+    g = model.graph
+    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    maker = {o: n for n in g.node for o in n.output if o}
+    for n in g.node:
+        if n.op_type not in ("Softmax", "LogSoftmax"):
+            continue
+        stack, seen = [(n.input[0], 0)], set()
+        while stack:
+            t, depth = stack.pop()
+            m = maker.get(t)
+            if m is None or m.name in seen or depth > 8:
+                continue
+            seen.add(m.name)
+            if m.op_type == "MatMul" and not any(i in consts for i in m.input):
+                return True
+            if m.op_type in _SCORE_PATH:
+                stack.extend((i, depth + 1) for i in m.input if i not in consts)
+    return False
+
+
+def transformer_presets(model: onnx.ModelProto, level: int,
+                        default: NodePrecision | None = None) -> dict[str, NodePrecision]:
+    """node name -> preset precision for ``transformer_opt_level`` ``level`` (see the module docstring);
+    the stream presets only ever raise ``default`` (``highest_mix_precision`` keeps its S16 weights)."""
+    default = default or NodePrecision()
     out: dict[str, NodePrecision] = {}
     for m in masked_scores(model):
         for name in (m.node, *m.branch):
             out[name] = NodePrecision("FP32", why=MASK_REASON)
-    for name in transformer_stream(model):
-        out.setdefault(name, NodePrecision("U16", why=STREAM_REASON))
+    if default.data_type in ("U8", "S8"):
+        stream = NodePrecision("U16", weight_data_type=default.weight_data_type, why=STREAM_REASON)
+        for name in transformer_stream(model):
+            out.setdefault(name, stream)
     if level <= 0:
         return out
     inits = {t.name for t in model.graph.initializer}

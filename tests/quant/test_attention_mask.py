@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import pulsar
-from pulsar.quant.attention import MASK_MARGIN, masked_range, masked_scores
+from pulsar.quant.attention import MASK_MARGIN, masked_range, masked_scores, true_scores
 from pulsar.quant.layer_configs import resolve_layer_precision
 from pulsar.quant.transformer import MASK_REASON, transformer_presets, transformer_stream
 
@@ -87,6 +87,71 @@ def test_mask_forms_are_recognised(make, node: str, branch: set[str]) -> None:
     presets = transformer_presets(model, 0)
     assert {n for n, p in presets.items() if p.data_type == "FP32"} == {node, *branch}
     assert all(presets[n].why == MASK_REASON for n in (node, *branch))
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], output: str, shape: list[int],
+           inits: list[onnx.TensorProto]) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(output, TensorProto.FLOAT, shape)],
+                          initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_view_between_mask_and_softmax_is_on_the_masked_path() -> None:
+    model = _hf_mul()
+    softmax = model.graph.node[-1]
+    softmax.input[0] = "viewed"
+    model.graph.node.insert(len(model.graph.node) - 1,
+                            helper.make_node("Reshape", ["masked", "shape"], ["viewed"], name="view"))
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, L, L], np.int64), "shape"))
+    [found] = masked_scores(model)
+    assert found.path == ("masked", "viewed")
+
+
+def test_stacked_masks_are_both_found_and_the_scores_are_the_unmasked_ones() -> None:
+    """GPT-2 style: a causal masked fill, then the padding mask added."""
+    model = _hf_mul()
+    add = next(n for n in model.graph.node if n.name == "add_mask")
+    add.input[0] = "causal_scores"
+    model.graph.node.insert(2, helper.make_node("Where", ["causal", "scores", "big"], ["causal_scores"], name="fill"))
+    model.graph.initializer.append(numpy_helper.from_array(np.tril(np.ones((L, L), bool)), "causal"))
+    masks = {m.node: m for m in masked_scores(model)}
+    assert set(masks) == {"fill", "add_mask"}
+    assert masks["add_mask"].scores == "causal_scores" and true_scores(list(masks.values()), masks["add_mask"]) == "scores"
+
+
+def _ln(name: str, x: str, y: str) -> onnx.NodeProto:
+    return helper.make_node("LayerNormalization", [x, "gamma", "beta"], [y], axis=-1, name=name)
+
+
+def test_layernorms_around_an_mlp_without_attention_are_not_a_transformer() -> None:
+    """An embedding head (LayerNorm -> Gemm -> Relu -> Gemm -> LayerNorm) keeps the CNN defaults."""
+    nodes = [_ln("ln1", "x", "a"), helper.make_node("Gemm", ["a", "w1"], ["b"], name="fc1"),
+             helper.make_node("Relu", ["b"], ["c"], name="relu"), helper.make_node("Gemm", ["c", "w2"], ["d"], name="fc2"),
+             _ln("ln2", "d", "y")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])], "y", [1, 8],
+                   [_const("w1", np.ones((8, 8))), _const("w2", np.ones((8, 8))), _const("gamma", np.ones(8)),
+                    _const("beta", np.zeros(8))])
+    assert transformer_stream(model) == [] and transformer_presets(model, 0) == {}
+
+
+def _attention_block() -> onnx.ModelProto:
+    """ln0 -> (x @ x^T softmax) @ x -> proj -> + ln0 -> ln1: one attention block between two LayerNorms."""
+    nodes = [_ln("ln0", "x", "h"), helper.make_node("Transpose", ["h"], ["ht"], perm=[0, 2, 1], name="t"),
+             helper.make_node("MatMul", ["h", "ht"], ["s"], name="qk"), helper.make_node("Softmax", ["s"], ["p"], name="sm"),
+             helper.make_node("MatMul", ["p", "h"], ["ctx"], name="pv"),
+             helper.make_node("MatMul", ["ctx", "w"], ["o"], name="proj"), helper.make_node("Add", ["o", "h"], ["r"], name="res"),
+             _ln("ln1", "r", "y")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, L, 8])], "y", [1, L, 8],
+                  [_const("w", np.ones((8, 8))), _const("gamma", np.ones(8)), _const("beta", np.zeros(8))])
+
+
+def test_stream_presets_only_raise_the_default() -> None:
+    model = _attention_block()
+    assert set(transformer_stream(model)) == {"ln0", "ln1", "qk", "pv", "proj", "res"}
+    plain = resolve_layer_precision([], model)
+    assert (plain["proj"].data_type, plain["proj"].weights) == ("U16", "S8") and plain["sm"].data_type == "U8"
+    highest = resolve_layer_precision([], model, highest_mix_precision=True)
+    assert {(p.data_type, p.weights) for p in highest.values()} == {("U16", "S16")}
 
 
 def test_a_bias_or_a_mask_built_from_activations_is_not_a_mask() -> None:
