@@ -90,9 +90,12 @@ def build(input: str | Path | None = None, output_dir: str | Path | None = None,
 
 
 def _run_compiled(ctx: BuildContext, qmodel: onnx.ModelProto, compiled: CompilerOutput) -> None:
-    """The runs of the compiled model in the simulator that belong to the compile step: compiler.check,
-    then the NPUBackend precision analysis (both lower the QDQ model again as the compiler did)."""
+    """The runs of the compiled model in the simulator that belong to the compile step: every subgraph
+    loads in its runtime (both modes), compiler.check, then the NPUBackend precision analysis (both lower the QDQ model again as the compiler did)."""
+    from pulsar.runtime.validate import check_loadable
+
     cfg = ctx.cfg
+    check_loadable(compiled.path, ctx.shown(compiled.path))
     if cfg.compiler.check:
         from pulsar.runtime.check import check_compiled
 

@@ -18,11 +18,13 @@ from pathlib import Path
 from bench.conformance.cases import collect
 from bench.conformance.pool import run_all
 from bench.conformance.report import outcome, summary, write_docs
+from bench.conformance.subset import SUBSET
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.conformance", description=__doc__.splitlines()[0])
     ap.add_argument("patterns", nargs="*", help="fnmatch patterns of test names (default: all)")
+    ap.add_argument("--subset", action="store_true", help="the representative subset CI runs")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per test before it counts as a hang")
     ap.add_argument("--json", type=Path, help="write every result here")
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-dir", type=Path, help="keep the builds here (default: a temporary folder)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    cases, skipped = collect(args.patterns or None)
+    cases, skipped = collect([*args.patterns, *SUBSET] if args.subset else (args.patterns or None))
     print(f"{len(cases)} eligible node tests, {len(skipped)} skipped (input types)", file=sys.stderr)
     results = []
     with tempfile.TemporaryDirectory(prefix="pulsar_conf_") as tmp:

@@ -15,7 +15,8 @@ import onnx
 
 # Graph input element types a build accepts: float inputs are calibrated and quantized; integer and
 # bool inputs (ids, masks, indices) are passed through unquantized.
-INPUT_TYPES = {onnx.TensorProto.FLOAT: "float32"}
+INPUT_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32",
+               onnx.TensorProto.BOOL: "bool"}
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -67,8 +68,9 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(shape), np.dtype(dtype)
 
 
-def _check_finite(path: Path, info: TensorInfo, array: np.ndarray) -> np.ndarray:
-    if array.dtype.kind in "fc":
+def _check_finite(path: Path, info: TensorInfo, array: np.ndarray, allow: bool = False) -> np.ndarray:
+    """Refuse NaN / infinity, unless ``allow`` (an input only float ops read: isnan, -inf masks)."""
+    if array.dtype.kind in "fc" and not allow:
         bad = ~np.isfinite(array)
         if bad.any():
             first = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -77,7 +79,7 @@ def _check_finite(path: Path, info: TensorInfo, array: np.ndarray) -> np.ndarray
     return array
 
 
-def _read_npy(path: Path, info: TensorInfo, batch_size: int = 1) -> np.ndarray:
+def _read_npy(path: Path, info: TensorInfo, batch_size: int = 1, allow_nonfinite: bool = False) -> np.ndarray:
     want = batched(info, batch_size)
     shape, dtype = _npy_header(path)
     if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biufc":
@@ -95,10 +97,10 @@ def _read_npy(path: Path, info: TensorInfo, batch_size: int = 1) -> np.ndarray:
         raise PulsarError(f"{path}: cannot read .npy file ({exc})") from None
     if not isinstance(array, np.ndarray):
         raise PulsarError(f"{path}: expected a single array (.npy), got an .npz archive")
-    return _check_finite(path, info, array.astype(info.dtype) if cast else array)
+    return _check_finite(path, info, array.astype(info.dtype) if cast else array, allow_nonfinite)
 
 
-def _read_bin(path: Path, info: TensorInfo, batch_size: int = 1) -> np.ndarray:
+def _read_bin(path: Path, info: TensorInfo, batch_size: int = 1, allow_nonfinite: bool = False) -> np.ndarray:
     want = batched(info, batch_size)
     size = path.stat().st_size
     itemsize = info.dtype.itemsize
@@ -131,12 +133,14 @@ def _read_bin(path: Path, info: TensorInfo, batch_size: int = 1) -> np.ndarray:
     except OSError as exc:
         raise PulsarError(f"{path}: cannot read ({exc.strerror or exc})") from None
     raw = np.frombuffer(data, dtype=info.dtype.newbyteorder("<"))
-    return _check_finite(path, info, raw.astype(info.dtype).reshape(shape))
+    return _check_finite(path, info, raw.astype(info.dtype).reshape(shape), allow_nonfinite)
 
 
-def read_inputs(input_dir: str | Path, inputs: list[TensorInfo], *, batch_size: int = 1) -> dict[str, np.ndarray]:
+def read_inputs(input_dir: str | Path, inputs: list[TensorInfo], *, batch_size: int = 1,
+                allow_nonfinite: Collection[str] = ()) -> dict[str, np.ndarray]:
     """Read one sample: ``<stem>.npy`` or ``<stem>.bin`` per model input from ``input_dir``, holding
-    ``batch_size`` compiled batches stacked on axis 0 (``inputs`` are the model's own)."""
+    ``batch_size`` compiled batches stacked on axis 0 (``inputs`` are the model's own). NaN and
+    infinity are refused except in the inputs named in ``allow_nonfinite``."""
     input_dir = Path(input_dir)
     if not input_dir.is_dir():
         what = "is not a directory" if input_dir.exists() else "does not exist"
@@ -150,9 +154,9 @@ def read_inputs(input_dir: str | Path, inputs: list[TensorInfo], *, batch_size: 
                 f'{input_dir}: both {npy.name} and {raw.name} exist for input "{info.name}"; keep one'
             )
         if npy.is_file():
-            feeds[info.name] = _read_npy(npy, info, batch_size)
+            feeds[info.name] = _read_npy(npy, info, batch_size, info.name in allow_nonfinite)
         elif raw.is_file():
-            feeds[info.name] = _read_bin(raw, info, batch_size)
+            feeds[info.name] = _read_bin(raw, info, batch_size, info.name in allow_nonfinite)
         else:
             expected = ", ".join(f"{tensor_file_stem(i.name)}.npy|.bin" for i in inputs)
             raise PulsarError(

@@ -99,6 +99,11 @@ def require_static_inputs(model: onnx.ModelProto) -> None:
         dims = dims_of(vi)
         if dims is not None and all(isinstance(d, int) and d > 0 for d in dims):
             continue
+        if dims is not None and 0 in dims:
+            raise PulsarError(
+                f'model input "{name}" {_shape_text(dims)} has a dimension of size 0 (an empty tensor); pulsar '
+                "builds inputs that hold at least one element: give the dimension a size with `input_shapes`, "
+                "or fold the empty input into the model (e.g. an empty `axes` input into the op's attribute)")
         if dims is None:
             problems.append(f'"{name}" (no shape)')
             examples.append(f"{name}:1x...")

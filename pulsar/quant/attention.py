@@ -17,7 +17,8 @@ with float). The additive mask only ever says "leave this position out", so puls
 Recognised masks, all ending in the ``Add`` / ``Sub`` / ``Where`` whose result reaches a Softmax
 through shape-only ops: an additive mask computed from graph inputs and constants only (no weighted
 or attention op above it) whose branch holds a constant at or below :data:`LARGE_NEGATIVE` (HF's
-``(1 - mask) * finfo.min``, ``* -10000``, a ``Where(mask == 0, -inf, 0)``), a constant mask tensor
+``(1 - mask) * finfo.min``, ``* -10000``, a ``Where(mask == 0, -inf, 0)``), a float mask that is a
+model input (or made from one) added to computed scores, a constant mask tensor
 such as a baked causal mask, and a boolean masked fill ``Where(cond, scores, -big)``.
 """
 
@@ -60,6 +61,8 @@ class _Graph:
             for i in n.input:
                 self.readers[i].append(n)
         self.consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+        self.float_inputs = {v.name for v in g.input if v.name not in self.consts
+                             and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
         for n in g.node:
             if n.op_type == "Constant" and n.output:
                 for a in n.attribute:
@@ -99,6 +102,16 @@ class _Graph:
                 stack.append(i)
         return nodes, large
 
+    def reads_float_input(self, tensor: str) -> bool:
+        """``tensor`` is a float graph input, or made from one by mask-branch ops (no compute op)."""
+        if tensor in self.float_inputs:
+            return True
+        found = self.branch(tensor)
+        return found is not None and any(i in self.float_inputs for n in found[0] for i in self._node(n).input)
+
+    def _node(self, name: str) -> onnx.NodeProto:
+        return next(n for n in self.maker.values() if n.name == name)
+
     def path_to_softmax(self, tensor: str, through: set[str]) -> list[str] | None:
         """The tensors from ``tensor`` to a Softmax's input through shape-only ops and the mask
         applications ``through`` (stacked masks: causal then padding), or None when none is reached."""
@@ -130,7 +143,9 @@ def _candidate(g: _Graph, node: onnx.NodeProto) -> MaskedScores | None:
         if ins[s] in g.consts:
             continue
         found = g.branch(ins[m], -1.0 if node.op_type == "Add" else 1.0)
-        if found is not None and found[1]:
+        # a float mask fed as a model input (values unknown at build time: HF-style -1e4 / -inf rows)
+        fed = node.op_type == "Add" and found is not None and g.reads_float_input(ins[m]) and g.branch(ins[s]) is None
+        if found is not None and (found[1] or fed):
             if node.op_type == "Add":  # scores - mask would need a positive mask: not a form exporters write
                 return MaskedScores(node.name, ins[s], node.output[0], tuple(found[0]), ins[m])
             return MaskedScores(node.name, ins[s], node.output[0], tuple(found[0]))

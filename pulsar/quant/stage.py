@@ -32,6 +32,7 @@ from pulsar.quant.plan import QuantPlan, make_plan
 from pulsar.quant.precision import DEFAULT_DTYPE, HIGHEST_DTYPE, NodePrecision
 from pulsar.quant.samples import Samples, check_sample_dirs, open_sample_dir
 from pulsar.quant.scheme import BITS, DTYPES, TensorQuant
+from pulsar.quant.shifts import shift_presets
 from pulsar.ui import show, table
 from pulsar.utils.atomic import atomic_write_bytes, atomic_write_text
 from pulsar.utils.progress import counted, progress_task, progress_tasks
@@ -316,6 +317,7 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     show_layer_config_table(q.layer_configs, ctx.quiet)
     precision = resolve_layer_precision(q.layer_configs, model, highest_mix_precision=q.highest_mix_precision,
                                         transformer_opt_level=q.transformer_opt_level)
+    precision = {**precision, **shift_presets(model, stats, precision)}
     export_kw = {"bias_fp32": q.conv_bias_data_type == "FP32", "refine_weight_threshold": q.refine_weight_threshold}
     if q.auto_mixed_precision.enable:
         precision = run_auto_mixed_precision(ctx, precision, stats, export_kw)

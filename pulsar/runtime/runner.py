@@ -21,6 +21,8 @@ from pulsar.ui import setup_logging
 if TYPE_CHECKING:  # numpy is imported only once the flags are checked
     import numpy as np
 
+    from pulsar.core.container import CompiledModel
+
 log = logging.getLogger(__name__)
 
 
@@ -105,22 +107,32 @@ def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Pat
         _check_batch_memory(inputs + view.outputs, batch_size)
         entries = read_sample_list(list_file, input_dir) if list_file is not None else []
         # every input is read (and checked) before the model is prepared, anything runs or is written
+        float_only = float_inputs(compiled)
         for e in entries:
-            read_inputs(e.sample_dir, inputs, batch_size=batch_size)
+            read_inputs(e.sample_dir, inputs, batch_size=batch_size, allow_nonfinite=float_only)
         first = None
         if not entries:
-            first = random_inputs(infos) if random_input else read_inputs(input_dir, inputs, batch_size=batch_size)
+            first = random_inputs(infos) if random_input else read_inputs(input_dir, inputs, batch_size=batch_size,
+                                                                         allow_nonfinite=float_only)
         session = Session(compiled, mode=mode, group=group)
         if view.multi_batch:
             log.info("%d sample(s) per run as compiled batches: %s", batch_size, session.batch_plan(batch_size))
-        return _execute(session, out, entries, first, batch_size, perlayer, workers)
+        return _execute(session, out, entries, first, batch_size, perlayer, workers, float_only)
     except BaseException:
         discard_created(created)
         raise
 
 
+def float_inputs(compiled: CompiledModel) -> set[str]:
+    """Model inputs nothing quantizes (no NPU subgraph or QuantizeLinear reads them): they may hold NaN and infinity (isnan, a -inf mask), which
+    the float ops of the CPU take as onnxruntime does; an NPU input has no integer code for them."""
+    quantized = {i.name for sg in compiled.subgraphs if sg.kind == "npu" for i in sg.graph.input}
+    quantized |= {n.input[0] for sg in compiled.subgraphs for n in sg.graph.node if n.op_type == "QuantizeLinear"}
+    return {i.name for i in compiled.model.graph.input} - quantized
+
+
 def _execute(session, out: Path, entries: list, first: dict | None, batch_size: int, perlayer: bool,
-             workers: int | None) -> RunResult:
+             workers: int | None, float_only: set[str] = frozenset()) -> RunResult:
     from pulsar.core.tensor_io import read_inputs, write_outputs
     from pulsar.runtime.parallel import default_workers
     from pulsar.runtime.paths import inside
@@ -157,7 +169,8 @@ def _execute(session, out: Path, entries: list, first: dict | None, batch_size: 
         step = 1 if batch_size > 1 or perlayer else (workers or default_workers())
         for start in range(0, len(entries), step):
             chunk = entries[start:start + step]
-            feeds = [read_inputs(e.sample_dir, session.inputs, batch_size=batch_size) for e in chunk]
+            feeds = [read_inputs(e.sample_dir, session.inputs, batch_size=batch_size, allow_nonfinite=float_only)
+                     for e in chunk]
             dests = [out / e.output_name for e in chunk]
             result.sample_dirs.extend(dests)
             if step == 1:

@@ -261,3 +261,16 @@ def test_masked_block_stays_close_to_float(tmp_path: Path, overrides: dict) -> N
         assert t["dtype"] == "U16" and -1e3 < t["range"][0] <= -MASK_MARGIN, t["range"]
     stream = transformer_stream(onnx.load(tmp_path / "out" / "frontend" / "optimized.onnx"))
     assert stream, "the block's residual stream is raised to 16 bits"
+
+
+def test_a_float_mask_fed_as_a_model_input_is_a_mask() -> None:
+    """ONNX Attention's expanded form: scores + attn_mask (a float input holding 0 / -inf rows)."""
+    model = _scores_graph([], helper.make_node("Add", ["scores", "attn_mask"], ["masked"], name="add_mask"), [],
+                          mask_input=False)
+    model.graph.input.append(helper.make_tensor_value_info("attn_mask", TensorProto.FLOAT, [L, L]))
+    [found] = masked_scores(model)
+    assert (found.node, found.scores, found.mask) == ("add_mask", "scores", "attn_mask")
+    # two computed tensors added (a learned bias on the scores) stay as they are
+    model.graph.node.insert(0, helper.make_node("MatMul", ["q", "kt"], ["bias"], name="bias"))
+    model.graph.node[-2].input[1] = "bias"
+    assert masked_scores(model) == []
