@@ -185,6 +185,8 @@ class NpuProgram:
             for name, value in zip(step.outputs, results, strict=False):
                 if not name:
                     continue
+                if not isinstance(value, np.ndarray):  # a numpy scalar: the rank-0 result stays an array
+                    value = np.asarray(value)
                 check = expect.get(name)
                 problem = check.problem(value) if check is not None else None
                 if problem:

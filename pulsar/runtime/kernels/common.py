@@ -44,6 +44,18 @@ _TORCH_SHARED = frozenset(np.dtype(n) for n in ("uint8", "int8", "uint16", "int1
                                                "float64"))
 
 
+def contiguous(x: np.ndarray) -> np.ndarray:
+    """``x`` itself when C-contiguous, else a C-ordered copy. Unlike ``np.ascontiguousarray`` (which
+    returns at least 1-D) a rank-0 array stays rank 0."""
+    return x if x.flags.c_contiguous else x.copy(order="C")
+
+
+def array0(value: Any) -> np.ndarray:
+    """``value`` as an ndarray: numpy returns a scalar, not a 0-d array, from arithmetic, reductions
+    and gathers whose result has rank 0; a kernel result (and an in-place operand) must be an array."""
+    return value if isinstance(value, np.ndarray) else np.asarray(value)
+
+
 def to_torch(x: np.ndarray) -> Any:
     """A torch tensor sharing ``x``'s memory (and strides) when torch can, a contiguous copy otherwise.
 
@@ -253,7 +265,9 @@ class OutSpec:
         return cls(dtype, zp, lo, hi)
 
     def finish(self, v: np.ndarray) -> np.ndarray:
-        """``clamp(v + zp)`` cast to the output type; ``v`` is an int64 array the caller owns."""
+        """``clamp(v + zp)`` cast to the output type; ``v`` is an int64 array the caller owns (or a
+        numpy scalar, the rank-0 result of numpy arithmetic: it stays rank 0)."""
+        v = array0(v)
         if self.zp:
             v += self.zp
         np.clip(v, self.lo, self.hi, out=v)
@@ -265,7 +279,7 @@ def requant(acc: np.ndarray, m: np.ndarray | int, n: np.ndarray | int, spec: Out
     m = np.asarray(m, dtype=np.int64)
     n = np.asarray(n, dtype=np.int64)
     if m.size == 1 and n.size == 1:
-        v = np.multiply(acc, int(m.reshape(-1)[0]), dtype=np.int64)
+        v = array0(np.multiply(acc, int(m.reshape(-1)[0]), dtype=np.int64))  # rank 0: a scalar
         s = int(n.reshape(-1)[0])
         if s:
             v += 1 << (s - 1)

@@ -15,7 +15,7 @@ import numpy as np
 from pulsar.core.fixedpoint import rshift_round
 from pulsar.errors import PulsarError
 from pulsar.runtime.kernels import INT_DOMAIN, Kernel, register
-from pulsar.runtime.kernels.common import OutSpec, as_int64, int_attr
+from pulsar.runtime.kernels.common import OutSpec, array0, as_int64, int_attr
 
 
 def expand_table(table: np.ndarray, step_bits: int, codes: int) -> np.ndarray:
@@ -60,7 +60,7 @@ class CodeTable:
             self._by_dtype[key] = np.roll(full, -roll) if roll else full
         perm = memory_order(view)
         if perm is None:
-            return np.take(self._by_dtype[key], view)
+            return array0(np.take(self._by_dtype[key], view))  # a rank-0 x gives a scalar
         # gather in memory order (a channels-last input stays channels-last): sequential reads
         return np.take(self._by_dtype[key], view.transpose(perm)).transpose(np.argsort(perm))
 

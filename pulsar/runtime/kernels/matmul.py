@@ -101,6 +101,8 @@ def make_qmatmul(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kern
             rq = requantizer(("act", k, amax, bmax), channels, np.asarray(bound), bias, m, n)
         with torch.no_grad():
             acc = torch.matmul(at, bt)
+        if acc.dim() == 0:  # vector . vector: one column, its (M, N) of shape [1] must not make y 1-D
+            return [rq.torch(acc.reshape(1)).reshape(())]
         return [rq.torch(acc)]
 
     return run

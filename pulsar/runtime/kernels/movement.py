@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from pulsar.errors import PulsarError
 from pulsar.runtime.kernels import Kernel, register
-from pulsar.runtime.kernels.common import int_attr, ints_attr, str_attr
+from pulsar.runtime.kernels.common import array0, contiguous, int_attr, ints_attr, str_attr
 
 Inputs = list[np.ndarray | None]
 
@@ -59,7 +59,7 @@ def make_reshape(attrs: dict[str, Any], consts: Inputs) -> Kernel:
 @register("Transpose")
 def make_transpose(attrs: dict[str, Any], consts: Inputs) -> Kernel:
     perm = ints_attr(attrs, "perm")
-    return lambda inputs: [np.ascontiguousarray(np.transpose(inputs[0], perm))]
+    return lambda inputs: [contiguous(np.transpose(inputs[0], perm))]
 
 
 @register("Flatten")
@@ -121,7 +121,7 @@ def make_slice(attrs: dict[str, Any], consts: Inputs) -> Kernel:
         for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
             a = _axis(a, x.ndim)
             index[a] = _slice_bounds(s, e, st, x.shape[a])
-        return [np.ascontiguousarray(x[tuple(index)])]
+        return [contiguous(x[tuple(index)])]
 
     return run
 
@@ -144,7 +144,7 @@ def make_split(attrs: dict[str, Any], consts: Inputs) -> Kernel:
             sizes = [max(min(chunk, x.shape[a] - i * chunk), 0) for i in range(int(count))]
         if sum(sizes) != x.shape[a]:
             raise PulsarError(f"Split sizes {sizes} do not add up to {x.shape[a]} (axis {axis})")
-        return [np.ascontiguousarray(p) for p in np.split(x, np.cumsum(sizes)[:-1], axis=a)]
+        return [contiguous(p) for p in np.split(x, np.cumsum(sizes)[:-1], axis=a)]
 
     return run
 
@@ -174,9 +174,11 @@ def make_pad(attrs: dict[str, Any], consts: Inputs) -> Kernel:
             begin[a], end[a] = pads[i], pads[len(axes) + i]
         crop = tuple(slice(max(-b, 0), x.shape[i] - max(-e, 0)) for i, (b, e) in enumerate(zip(begin, end,
                                                                                                strict=True)))
-        x = x[crop]
+        x = x[crop] if crop else x  # x[()] of a rank-0 array is a scalar
         fill = 0 if value is None else np.asarray(value).reshape(-1)[0]
         widths = [(max(b, 0), max(e, 0)) for b, e in zip(begin, end, strict=True)]
+        if not any(b or e for b, e in widths):  # nothing to add (a rank-0 x has no widths at all)
+            return [x.copy()]
         return [np.pad(x, widths, mode="constant", constant_values=fill)]
 
     return run
@@ -217,7 +219,7 @@ def make_space_to_depth(attrs: dict[str, Any], consts: Inputs) -> Kernel:
 @register("Gather")
 def make_gather(attrs: dict[str, Any], consts: Inputs) -> Kernel:
     axis = int_attr(attrs, "axis", 0)
-    return lambda inputs: [np.take(inputs[0], np.asarray(inputs[1], dtype=np.int64), axis=axis)]
+    return lambda inputs: [array0(np.take(inputs[0], np.asarray(inputs[1], dtype=np.int64), axis=axis))]
 
 
 @register("Expand")
@@ -225,7 +227,7 @@ def make_expand(attrs: dict[str, Any], consts: Inputs) -> Kernel:
     def run(inputs: Inputs) -> list[np.ndarray]:
         x = inputs[0]
         shape = np.broadcast_shapes(x.shape, tuple(_ints(inputs[1])))
-        return [np.ascontiguousarray(np.broadcast_to(x, shape))]
+        return [contiguous(np.broadcast_to(x, shape))]
 
     return run
 

@@ -19,6 +19,7 @@ from pulsar.runtime.kernels import INT_DOMAIN, Kernel, register
 from pulsar.runtime.kernels.common import (
     OutSpec,
     accum_float,
+    array0,
     as_int64,
     centered_bound,
     check_shift,
@@ -157,7 +158,7 @@ def make_qreducemean(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> 
     def run(inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         x = inputs[0]
         axes = _axes(attrs, x.ndim) or tuple(range(x.ndim))
-        acc = x.sum(axis=axes, dtype=np.int64, keepdims=keepdims)
+        acc = array0(x.sum(axis=axes, dtype=np.int64, keepdims=keepdims))  # all axes, no keepdims: rank 0
         if x_zp:
             acc -= x_zp * math.prod(x.shape[a] for a in axes)
         return [requant(acc, m, n, spec)]
@@ -211,6 +212,6 @@ def make_reducemax(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Ke
             if noop:
                 return [x]
             axes = tuple(range(x.ndim))
-        return [x.max(axis=axes, keepdims=keepdims)]
+        return [array0(x.max(axis=axes, keepdims=keepdims))]
 
     return run

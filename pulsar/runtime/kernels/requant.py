@@ -13,6 +13,7 @@ from pulsar.runtime.kernels.common import (
     FLOAT64_EXACT,
     INT64_LIMIT,
     OutSpec,
+    array0,
     blocked_shifted,
     check_shift,
     finish_float,
@@ -105,7 +106,7 @@ class Requant:
         """Requantize an int64 numpy accumulator (modified in place when the folded form runs)."""
         if self.fast is not None:
             mp, off, s = self.fast
-            v = np.multiply(acc, mp, dtype=np.int64)
+            v = array0(np.multiply(acc, mp, dtype=np.int64))  # rank 0: numpy gives a scalar
             v += off
             if s:
                 v >>= s

@@ -62,10 +62,9 @@ def _mul_by_real(ctx: LowerCtx, aq: QParams, factor: np.ndarray) -> None:
     if not np.all(np.isfinite(real)):
         raise Unsupported(f"{ctx.op} constant is not finite")
     m, n = ctx.multiplier(real, aq.max_centered, "mul scale")
-    one = ctx.add_init("one", np.ones([1] * max(real.ndim, 1), dtype=np.int8))
-    ctx.emit("QMul", [aq.name, one, ctx.add_init("M", m.reshape(real.shape or (1,))),
-                      ctx.add_init("N", n.reshape(real.shape or (1,)))], [yq.name],
-             a_zp=aq.zp, b_zp=0, **ctx.common())
+    one = ctx.add_init("one", np.ones([1] * real.ndim, dtype=np.int8))  # rank of c: a scalar keeps y rank 0
+    ctx.emit("QMul", [aq.name, one, ctx.add_init("M", m.reshape(real.shape)), ctx.add_init("N", n.reshape(real.shape))],
+             [yq.name], a_zp=aq.zp, b_zp=0, **ctx.common())
 
 
 def _mul_by_qconst(ctx: LowerCtx, aq: QParams, c: Operand) -> bool:
@@ -79,8 +78,8 @@ def _mul_by_qconst(ctx: LowerCtx, aq: QParams, c: Operand) -> bool:
         shape = [1] * v.ndim
         shape[q.axis if q.axis is not None else 1] = -1
         scale = scale.reshape(shape)
-    else:
-        scale = scale.reshape(1)
+    else:  # rank 0: a per-tensor (M, N) must not raise the rank of y (a scalar product stays a scalar)
+        scale = scale.reshape(())
     zc = int(q.zero_point.reshape(-1)[0])
     bound = aq.max_centered * int(np.abs(v.astype(np.int64) - zc).max(initial=1))
     m, n = ctx.multiplier(aq.s * scale / yq.s, bound, "mul scale")
@@ -95,7 +94,7 @@ def lower_mul(ctx: LowerCtx) -> None:
     if ctx.operand(0).kind == "act" and ctx.operand(1).kind == "act":
         aq, bq = ctx.act(0), ctx.act(1)
         m, n = ctx.multiplier(aq.s * bq.s / yq.s, aq.max_centered * bq.max_centered, "mul scale")
-        ctx.emit("QMul", [aq.name, bq.name, ctx.add_init("M", m.reshape(1)), ctx.add_init("N", n.reshape(1))],
+        ctx.emit("QMul", [aq.name, bq.name, ctx.add_init("M", m.reshape(())), ctx.add_init("N", n.reshape(()))],
                  [yq.name], a_zp=aq.zp, b_zp=bq.zp, **ctx.common())
         return
     ia, ic = _act_and_const(ctx)
