@@ -11,13 +11,22 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import version_converter
+from onnx import helper, numpy_helper, version_converter
 
 from pulsar.core.graph import subgraphs
 from pulsar.errors import PulsarError
-from pulsar.frontend.graph import DEFAULT_DOMAINS, all_node_names, unique_name
+from pulsar.frontend.graph import (
+    DEFAULT_DOMAINS,
+    add_initializer,
+    all_node_names,
+    dims_of,
+    tensor_names,
+    unique_name,
+)
+from pulsar.frontend.ort_opset import max_qdq_opset
 from pulsar.frontend.shapes import (  # noqa: F401  (re-exported: the loader is the frontend's entry point)
     apply_input_shapes,
     infer_shapes,
@@ -84,19 +93,203 @@ def load_model(path: str | Path) -> onnx.ModelProto:
 
 
 def convert_opset(model: onnx.ModelProto, path: str | Path = "model") -> onnx.ModelProto:
-    """Convert a default-domain opset below ``TARGET_OPSET`` up to it; newer opsets are kept."""
+    """Convert a default-domain opset below ``TARGET_OPSET`` up to it, and one above the highest
+    opset onnxruntime runs Q/DQ at (:func:`max_qdq_opset`) down to that; others are kept.
+
+    The converted model keeps the original's interface (graph input / output names, element types
+    and shapes), so the user's data still fits; see :func:`keep_interface`.
+    """
     version = default_opset(model)
-    if version is None or version >= TARGET_OPSET:
+    if version is None:
         return model
+    if version < TARGET_OPSET:
+        converted = _convert(model, path, version, TARGET_OPSET)
+        log.info("converted %s from opset %d to %d", Path(path).name, version, TARGET_OPSET)
+        return converted
+    limit = max_qdq_opset()
+    if limit is None or limit < TARGET_OPSET or version <= limit:
+        return model  # nothing gained below TARGET_OPSET: later stages assume at least that
     try:
-        converted = version_converter.convert_version(model, TARGET_OPSET)
+        converted = _convert(model, path, version, limit)
+    except PulsarError as exc:
+        # Kept rather than refused: a model that needs an op of its own opset (BitShift on int32,
+        # Mod with fmod=0 on floats, SpaceToDepth in CRD mode ...) still builds and runs where no
+        # Q/DQ lands on the CPU; only a quantized CPU subgraph would fail to load.
+        log.warning("%s. The model is kept at opset %d, above %d, the highest opset the installed "
+                    "onnxruntime runs QuantizeLinear / DequantizeLinear at: a build that puts quantized "
+                    "operators on the CPU will not load", exc, version, limit)
+        return model
+    log.info("converted %s from opset %d down to %d, the highest opset the installed onnxruntime "
+             "runs QuantizeLinear / DequantizeLinear at", Path(path).name, version, limit)
+    return converted
+
+
+def _convert(model: onnx.ModelProto, path: str | Path, version: int, target: int) -> onnx.ModelProto:
+    """``model`` at opset ``target`` with its own interface, checked; a PulsarError names the fix."""
+    try:
+        converted = version_converter.convert_version(model, target)
     except Exception as exc:  # the converter raises bare RuntimeErrors for ops it cannot adapt
         raise PulsarError(
-            f"model file {path}: converting opset {version} to {TARGET_OPSET} failed "
-            f"({_first_line(exc)}); re-export the model with opset_version={TARGET_OPSET}"
+            f"model file {path}: converting opset {version} to {target} failed "
+            f"({_first_line(exc)}); re-export the model with opset_version={target}"
         ) from exc
-    log.info("converted %s from opset %d to %d", Path(path).name, version, TARGET_OPSET)
+    keep_interface(model, converted, path, version, target)
+    _check_converted(model, converted, path, version, target)
     return converted
+
+
+def _check_converted(original: onnx.ModelProto, model: onnx.ModelProto, path: str | Path,
+                     version: int, target: int) -> None:
+    """The converter can leave a model the checker refuses (it relabels shapes it does not change:
+    an opset-8 Scan fed by another node); refuse it here rather than build a wrong model. The
+    converted model is held to the full check (with shape inference) when the original passes it,
+    else to the plain one."""
+    if model.ByteSize() >= onnx.checker.MAXIMUM_PROTOBUF:
+        return  # too large to check in memory; load_model checked the original by path
+    errors = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        return
+    except errors as exc:
+        failure: Exception = exc
+    try:
+        onnx.checker.check_model(original, full_check=True)
+    except errors:
+        try:
+            onnx.checker.check_model(model)
+            return
+        except errors as exc:
+            failure = exc
+    raise PulsarError(
+        f"model file {path}: converting opset {version} to {target} gives a model that fails the ONNX "
+        f"checker ({_first_line(failure)}); re-export the model with opset_version={target}"
+    ) from failure
+
+
+def _shape_text(dims: list[int | str | None] | None) -> str:
+    return "unknown" if dims is None else "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def _all_tensor_names(graph: onnx.GraphProto) -> set[str]:
+    names = tensor_names(graph) | {o.name for o in graph.output} | {v.name for v in graph.value_info}
+    for node in graph.node:
+        for sub in subgraphs(node):
+            names |= _all_tensor_names(sub)
+    return names
+
+
+def keep_interface(original: onnx.ModelProto, converted: onnx.ModelProto, path: str | Path,
+                   version: int, target: int) -> int:
+    """Give ``converted`` the graph inputs and outputs of ``original`` again; returns how many were restored.
+
+    onnx's version converter may relabel interface shapes: Scan-8 -> 9 drops the batch axis of the
+    Scan's inputs and outputs (without changing any data), and where those are graph inputs /
+    outputs the user's data no longer fits. A tensor that only lost a leading axis of size 1 gets
+    it back: the graph input keeps its original shape and a Squeeze (axis 0) makes
+    ``<name>/unbatched`` for the Scans reading it; a graph output's producer writes
+    ``<name>/unbatched`` and an Unsqueeze right after it makes ``<name>``. Other readers keep the
+    original-shaped tensor, as they read it before the conversion. Any other interface change is
+    a :class:`PulsarError` naming the tensor, both shapes and the fix.
+    """
+    g = converted.graph
+    fix = f"re-export the model with opset_version={target}"
+    where = f"model file {path}: converting opset {version} to {target}"
+    for kind, before, after in (("input", original.graph.input, g.input), ("output", original.graph.output, g.output)):
+        names_before, names_after = [v.name for v in before], [v.name for v in after]
+        if names_before != names_after:
+            raise PulsarError(f"{where} changes the graph {kind}s from {names_before} to {names_after}; {fix}")
+    taken = _all_tensor_names(g)
+    node_names = {n for n in all_node_names(g) if n}
+    front: list[onnx.NodeProto] = []  # axes constants and input Squeezes, before every node
+    behind: dict[int, list[onnx.NodeProto]] = {}  # id(producer) -> the Unsqueeze of its output
+    graph_inputs = {v.name for v in g.input}
+    restored: set[str] = set()
+    for kind, before, after in (("input", original.graph.input, g.input), ("output", original.graph.output, g.output)):
+        for old_vi, new_vi in zip(before, after, strict=True):
+            if old_vi.type == new_vi.type:
+                continue
+            name = old_vi.name
+            old_t, new_t = old_vi.type, new_vi.type
+            tensors = old_t.HasField("tensor_type") and new_t.HasField("tensor_type")
+            if not tensors or old_t.tensor_type.elem_type != new_t.tensor_type.elem_type:
+                raise PulsarError(f"{where} changes the type of graph {kind} '{name}'; {fix}")
+            old_dims, new_dims = dims_of(old_vi), dims_of(new_vi)
+            if (old_dims is None or new_dims is None or _same_shape(old_dims, new_dims) or name in restored
+                    or (kind == "output" and name in graph_inputs)):
+                # No shape on one side, only symbolic dims renamed, or a tensor already restored
+                # (a graph input passed through to an output): the data still fits.
+                new_vi.type.CopyFrom(old_t)
+                continue
+            if not (old_dims[:1] == [1] and old_dims[1:] == new_dims):
+                raise PulsarError(
+                    f"{where} changes graph {kind} '{name}' from shape {_shape_text(old_dims)} to "
+                    f"{_shape_text(new_dims)}; pulsar keeps the model's own input and output shapes, "
+                    f"so {fix}"
+                )
+            inner = unique_name(f"{name}/unbatched", taken)
+            axes = unique_name(f"{inner}/axes", taken)
+            if converted.ir_version >= 4:
+                add_initializer(g, axes, np.asarray([0], dtype=np.int64))
+            else:  # before IR 4 every initializer is also a graph input: a Constant keeps the inputs as they are
+                front.append(helper.make_node("Constant", [], [axes], value=numpy_helper.from_array(
+                    np.asarray([0], dtype=np.int64)), name=unique_name(f"{axes}/Constant", node_names)))
+            readers = [n for n in g.node if name in n.input]
+            scans = [n for n in readers if n.op_type == "Scan"]
+            if kind == "input":
+                front.append(helper.make_node("Squeeze", [name, axes], [inner],
+                                              name=unique_name(f"{name}/Squeeze", node_names)))
+                _read_instead(scans or readers, name, inner)
+            else:
+                unsqueeze = helper.make_node("Unsqueeze", [inner, axes], [name],
+                                             name=unique_name(f"{name}/Unsqueeze", node_names))
+                producer = _rename_definition(g, name, inner)
+                if producer is None:
+                    front.append(unsqueeze)  # an initializer
+                else:
+                    behind.setdefault(id(producer), []).append(unsqueeze)
+                _read_instead(scans, name, inner)
+            for vi in g.value_info:
+                if vi.name == name:
+                    vi.name = inner
+            new_vi.type.CopyFrom(old_t)
+            restored.add(name)
+            log.info('opset conversion dropped the leading axis of graph %s "%s"; restored shape %s',
+                     kind, name, _shape_text(old_dims))
+    if front or behind:
+        nodes = list(front)
+        for node in g.node:
+            nodes.append(node)
+            nodes.extend(behind.get(id(node), []))
+        del g.node[:]
+        g.node.extend(nodes)
+    return len(restored)
+
+
+def _read_instead(nodes: list[onnx.NodeProto], old: str, new: str) -> None:
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+
+
+def _same_shape(a: list[int | str | None], b: list[int | str | None]) -> bool:
+    """Same rank and the same size wherever both sides fix one."""
+    return len(a) == len(b) and all(x == y or not isinstance(x, int) or not isinstance(y, int)
+                                    for x, y in zip(a, b, strict=True))
+
+
+def _rename_definition(graph: onnx.GraphProto, old: str, new: str) -> onnx.NodeProto | None:
+    """Make whatever defines ``old`` in ``graph`` define ``new``: the producing node (returned) or
+    an initializer (None)."""
+    for node in graph.node:
+        for i, name in enumerate(node.output):
+            if name == old:
+                node.output[i] = new
+                return node
+    for init in graph.initializer:
+        if init.name == old:
+            init.name = new
+    return None
 
 
 def _walk(graph: onnx.GraphProto) -> Iterator[tuple[int, onnx.NodeProto]]:
