@@ -26,6 +26,7 @@ from pulsar.frontend.graph import (
     tensor_names,
     unique_name,
 )
+from pulsar.frontend.interface import check_tensor_interface
 from pulsar.frontend.ort_opset import max_qdq_opset
 from pulsar.frontend.shapes import (  # noqa: F401  (re-exported: the loader is the frontend's entry point)
     apply_input_shapes,
@@ -87,6 +88,7 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise PulsarError(
             f"model file {path} fails the ONNX checker: {_first_line(exc)}; fix the export or re-export it"
         ) from exc
+    check_tensor_interface(model, str(path))  # before conversion: the converter may retype sequences
     model = convert_opset(model, path)
     name_nodes(model.graph)
     return model

@@ -11,7 +11,6 @@ import onnx
 from pulsar.config.semantic import check_against_model
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
-from pulsar.frontend.interface import check_tensor_interface
 from pulsar.frontend.loader import load_model
 from pulsar.frontend.pass_manager import compare_models, optimize
 from pulsar.frontend.patch import apply_const_processors, apply_op_processors
@@ -28,7 +27,6 @@ def load_and_check(ctx: BuildContext) -> onnx.ModelProto:
     """Load the model with ``input_shapes`` applied and validate every config name against it."""
     cfg = ctx.cfg
     model = load_model(cfg.input)
-    check_tensor_interface(model, str(cfg.input))
     shapes = parse_input_shapes(cfg.input_shapes)
     if shapes:
         model = apply_input_shapes(model, shapes)

@@ -577,3 +577,24 @@ def test_ppocrv4_structural_passes(name, shape, fewer_than):
     for key in ref:
         max_abs = float(np.abs(ref[key] - new[key]).max())
         assert max_abs <= 1e-4 * float(np.abs(ref[key]).max()), (key, max_abs)
+
+
+
+def test_range_inputs_known_as_one_element_become_scalars(tmp_path) -> None:
+    """ONNX's own AffineGrid expansion feeds Range [1]-shaped If outputs; once constant folding makes
+    those shapes known, onnxruntime refuses to load it unless the inputs are squeezed to scalars."""
+    import onnxruntime as ort
+
+    from bench.conformance.cases import collect
+    from pulsar.frontend.pass_manager import optimize
+    from pulsar.frontend.passes import DEFAULT_PASSES
+
+    [case], _ = collect(["test_affine_grid_2d_expanded"])
+    without = [p for p in DEFAULT_PASSES if p != "scalar_range_inputs"]
+    folded, _ = optimize(case.model, without, check=False)
+    with pytest.raises(Exception, match="Range"):
+        ort.InferenceSession(folded.SerializeToString())
+    fixed, _ = optimize(case.model, check=False)
+    assert any(n.op_type == "Squeeze" and n.output[0].endswith("_scalar") for n in fixed.graph.node)
+    got = ort.InferenceSession(fixed.SerializeToString()).run(None, case.inputs)[0]
+    np.testing.assert_allclose(got, case.expected[0], rtol=1e-5, atol=1e-6)

@@ -22,10 +22,11 @@ from pulsar.frontend.passes import (  # noqa: F401  (imported to register the pa
     fuse_softmax,
     merge_transpose_reshape,
     remove_identity,
+    scalar_range_inputs,
 )
 from pulsar.frontend.passes.registry import PASSES, Pass, register_pass
 
-# Constants first so folding sees them; folding before identity removal exposes same-shape Reshapes;
+# Constants first so folding sees them; Range's inputs made scalars once folding knows their shapes; folding before identity removal exposes same-shape Reshapes;
 # BN folding needs constant weights; dead-node elimination cleans up after all of them.
 # Layout-op merging right after identity removal (it leaves Identity ops for graph outputs);
 # affine folding after BN folding (both feed the same conv bias); MatMul+Add -> Gemm after it,
@@ -35,6 +36,7 @@ from pulsar.frontend.passes.registry import PASSES, Pass, register_pass
 DEFAULT_PASSES: list[str] = [
     "constant_to_initializer",
     "fold_constants",
+    "scalar_range_inputs",
     "remove_identity",
     "merge_transpose_reshape",
     "fold_batchnorm",
