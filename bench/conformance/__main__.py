@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.conformance.cases import collect
+from bench.conformance.cases import INPUT_TYPES, collect
 from bench.conformance.pool import run_all
 from bench.conformance.report import outcome, summary, write_docs
 from bench.conformance.subset import SUBSET
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"results": results, "skipped": skipped}, indent=1, default=str) + "\n")
     if args.docs:
-        write_docs(args.docs, results, skipped)
+        write_docs(args.docs, results, skipped, ", ".join(INPUT_TYPES.values()))
     return 0
 
 

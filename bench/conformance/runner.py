@@ -138,7 +138,19 @@ def _config(case: Case, root: Path) -> dict[str, Any]:
 
 
 def run_case(case: Case, root: Path) -> dict[str, Any]:
-    """Everything measured for one test; ``status`` is one of ort-fails / refused / crash / built."""
+    """Everything measured for one test; ``status`` is refused / crash / built (paths in messages are
+    relative to the test's folder)."""
+    res = _run_case(case, root)
+    for key in ("reason", "frontend_error"):
+        if key in res:
+            res[key] = res[key].replace(f"{root}/", "")
+    for mode in MODES:
+        if isinstance(res.get(mode), dict) and "error" in res[mode]:
+            res[mode]["error"] = res[mode]["error"].replace(f"{root}/", "")
+    return res
+
+
+def _run_case(case: Case, root: Path) -> dict[str, Any]:
     import pulsar
     from pulsar.core.tensor_io import tensor_file_stem
     from pulsar.errors import PulsarError

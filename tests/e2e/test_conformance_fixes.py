@@ -129,3 +129,16 @@ def test_max_subtraction_over_large_values_stays_accurate(tmp_path: Path, offset
         got = Session(built.compiled_model, mode=mode).run({"x": x})["y"]
         cos = float(np.dot(got.ravel(), want.ravel()) / np.linalg.norm(got) / np.linalg.norm(want))
         assert cos > 0.99, (mode, cos)
+
+
+def test_a_sequence_inside_the_graph_runs_on_the_cpu(tmp_path: Path) -> None:
+    nodes = [helper.make_node("SplitToSequence", ["x"], ["seq"], axis=1),
+             helper.make_node("ConcatFromSequence", ["seq"], ["c"], axis=0),
+             helper.make_node("Relu", ["c"], ["y"])]
+    path = _save(tmp_path, nodes, [_vi("x", [2, 3])], [_vi("y", [6, 1])])
+    x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    built = pulsar.build(path, tmp_path / "out", _config(tmp_path, {"x": [x]}), quiet=True)
+    want = np.maximum(np.concatenate(np.split(x, 3, axis=1), axis=0), 0)
+    for mode in ("NPUBackend", "Reference"):
+        got = Session(built.compiled_model, mode=mode).run({"x": x})["y"]
+        np.testing.assert_allclose(got, want, atol=0.02)
