@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Collection
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -68,18 +68,20 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(shape), np.dtype(dtype)
 
 
-def _check_finite(path: Path, info: TensorInfo, array: np.ndarray, allow: bool = False) -> np.ndarray:
-    """Refuse NaN / infinity, unless ``allow`` (an input only float ops read: isnan, -inf masks)."""
-    if array.dtype.kind in "fc" and not allow:
-        bad = ~np.isfinite(array)
+def _check_finite(path: Path, info: TensorInfo, array: np.ndarray, allow: str = "") -> np.ndarray:
+    """Refuse NaN / infinity; ``allow`` "all" takes both (an input only float ops read: isnan), "inf"
+    takes infinities (a -inf mask the float ops absorb before anything is quantized) but not NaN."""
+    if array.dtype.kind in "fc" and allow != "all":
+        bad = np.isnan(array) if allow == "inf" else ~np.isfinite(array)
         if bad.any():
             first = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise PulsarError(f'{path}: input "{info.name}" holds {int(bad.sum())} non-finite value(s) (NaN or '
-                              f"infinity), the first at index {first}; fix the data")
+            what = "NaN value(s)" if allow == "inf" else "non-finite value(s) (NaN or infinity)"
+            raise PulsarError(f'{path}: input "{info.name}" holds {int(bad.sum())} {what}, the first at index '
+                              f"{first}; fix the data")
     return array
 
 
-def _read_npy(path: Path, info: TensorInfo, batch_size: int = 1, allow_nonfinite: bool = False) -> np.ndarray:
+def _read_npy(path: Path, info: TensorInfo, batch_size: int = 1, allow_nonfinite: str = "") -> np.ndarray:
     want = batched(info, batch_size)
     shape, dtype = _npy_header(path)
     if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biufc":
@@ -100,7 +102,7 @@ def _read_npy(path: Path, info: TensorInfo, batch_size: int = 1, allow_nonfinite
     return _check_finite(path, info, array.astype(info.dtype) if cast else array, allow_nonfinite)
 
 
-def _read_bin(path: Path, info: TensorInfo, batch_size: int = 1, allow_nonfinite: bool = False) -> np.ndarray:
+def _read_bin(path: Path, info: TensorInfo, batch_size: int = 1, allow_nonfinite: str = "") -> np.ndarray:
     want = batched(info, batch_size)
     size = path.stat().st_size
     itemsize = info.dtype.itemsize
@@ -137,10 +139,11 @@ def _read_bin(path: Path, info: TensorInfo, batch_size: int = 1, allow_nonfinite
 
 
 def read_inputs(input_dir: str | Path, inputs: list[TensorInfo], *, batch_size: int = 1,
-                allow_nonfinite: Collection[str] = ()) -> dict[str, np.ndarray]:
+                allow_nonfinite: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
     """Read one sample: ``<stem>.npy`` or ``<stem>.bin`` per model input from ``input_dir``, holding
     ``batch_size`` compiled batches stacked on axis 0 (``inputs`` are the model's own). NaN and
-    infinity are refused except in the inputs named in ``allow_nonfinite``."""
+    infinity are refused except as ``allow_nonfinite`` says per input ("all", or "inf": not NaN)."""
+    allow = allow_nonfinite or {}
     input_dir = Path(input_dir)
     if not input_dir.is_dir():
         what = "is not a directory" if input_dir.exists() else "does not exist"
@@ -154,9 +157,9 @@ def read_inputs(input_dir: str | Path, inputs: list[TensorInfo], *, batch_size: 
                 f'{input_dir}: both {npy.name} and {raw.name} exist for input "{info.name}"; keep one'
             )
         if npy.is_file():
-            feeds[info.name] = _read_npy(npy, info, batch_size, info.name in allow_nonfinite)
+            feeds[info.name] = _read_npy(npy, info, batch_size, allow.get(info.name, ""))
         elif raw.is_file():
-            feeds[info.name] = _read_bin(raw, info, batch_size, info.name in allow_nonfinite)
+            feeds[info.name] = _read_bin(raw, info, batch_size, allow.get(info.name, ""))
         else:
             expected = ", ".join(f"{tensor_file_stem(i.name)}.npy|.bin" for i in inputs)
             raise PulsarError(

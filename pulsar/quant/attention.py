@@ -18,7 +18,7 @@ Recognised masks, all ending in the ``Add`` / ``Sub`` / ``Where`` whose result r
 through shape-only ops: an additive mask computed from graph inputs and constants only (no weighted
 or attention op above it) whose branch holds a constant at or below :data:`LARGE_NEGATIVE` (HF's
 ``(1 - mask) * finfo.min``, ``* -10000``, a ``Where(mask == 0, -inf, 0)``), a float mask that is a
-model input (or made from one) added to computed scores, a constant mask tensor
+model input (or made from ones no other op reads) added to computed scores, a constant mask tensor
 such as a baked causal mask, and a boolean masked fill ``Where(cond, scores, -big)``.
 """
 
@@ -102,15 +102,20 @@ class _Graph:
                 stack.append(i)
         return nodes, large
 
-    def reads_float_input(self, tensor: str) -> bool:
-        """``tensor`` is a float graph input, or made from one by mask-branch ops (no compute op)."""
-        if tensor in self.float_inputs:
-            return True
+    def mask_input(self, tensor: str) -> bool:
+        """``tensor`` is a float graph input, or made from them by mask-branch ops (no compute op), and
+        no compute op reads those inputs: an input that also feeds the network (``Softmax(x @ W + x)``)
+        is data, not a mask; one a ReduceMax also reads (fully masked rows) still is a mask."""
         found = self.branch(tensor)
-        return found is not None and any(i in self.float_inputs for n in found[0] for i in self._node(n).input)
+        if found is None:
+            return False
+        nodes = set(found[0])
+        leaves = {tensor} if tensor in self.float_inputs else set()
+        leaves |= {i for n in self.nodes_named(nodes) for i in n.input if i in self.float_inputs}
+        return bool(leaves) and not any(r.op_type in _COMPUTE for t in leaves for r in self.readers[t])
 
-    def _node(self, name: str) -> onnx.NodeProto:
-        return next(n for n in self.maker.values() if n.name == name)
+    def nodes_named(self, names: set[str]) -> list[onnx.NodeProto]:
+        return [n for n in self.maker.values() if n.name in names]
 
     def path_to_softmax(self, tensor: str, through: set[str]) -> list[str] | None:
         """The tensors from ``tensor`` to a Softmax's input through shape-only ops and the mask
@@ -144,7 +149,7 @@ def _candidate(g: _Graph, node: onnx.NodeProto) -> MaskedScores | None:
             continue
         found = g.branch(ins[m], -1.0 if node.op_type == "Add" else 1.0)
         # a float mask fed as a model input (values unknown at build time: HF-style -1e4 / -inf rows)
-        fed = node.op_type == "Add" and found is not None and g.reads_float_input(ins[m]) and g.branch(ins[s]) is None
+        fed = node.op_type == "Add" and found is not None and g.mask_input(ins[m]) and g.branch(ins[s]) is None
         if found is not None and (found[1] or fed):
             if node.op_type == "Add":  # scores - mask would need a positive mask: not a form exporters write
                 return MaskedScores(node.name, ins[s], node.output[0], tuple(found[0]), ins[m])

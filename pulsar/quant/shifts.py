@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from pulsar.quant.attention import masked_scores
 from pulsar.quant.observers.histogram import TensorStats
 from pulsar.quant.precision import NodePrecision
 
@@ -51,7 +52,10 @@ def max_shifts(model: onnx.ModelProto) -> list[MaxShift]:
 
 def weighted_sums(model: onnx.ModelProto) -> list[tuple[str, str, str]]:
     """(MatMul, values, output) of every ``MatMul(probabilities, values)`` whose first input comes from
-    a Softmax (possibly through shape ops and a masked fill): attention's P x V."""
+    a masked Softmax (possibly through shape ops and a masked fill): attention's P x V over a mask. An
+    unmasked diffuse head also has a V wider than its averages (by about sqrt(tokens)); that is no
+    reason for 16 bits, so only a Softmax whose input carries a recognised mask counts."""
+    masked = {m.path[-1] for m in masked_scores(model) if m.path}
     producer = {o: n for n in model.graph.node for o in n.output if o}
     passes = {"Reshape", "Transpose", "Identity", "Where", "Cast", "Dropout"}
     inits = {t.name for t in model.graph.initializer}
@@ -66,7 +70,7 @@ def weighted_sums(model: onnx.ModelProto) -> list[tuple[str, str, str]]:
             if p is None or p.name in seen:
                 continue
             seen.add(p.name)
-            found = p.op_type == "Softmax"
+            found = p.op_type == "Softmax" and p.input[0] in masked
             if p.op_type in passes:
                 stack.extend(i for i in p.input if i and i not in inits)
         if found:

@@ -107,7 +107,7 @@ def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Pat
         _check_batch_memory(inputs + view.outputs, batch_size)
         entries = read_sample_list(list_file, input_dir) if list_file is not None else []
         # every input is read (and checked) before the model is prepared, anything runs or is written
-        float_only = float_inputs(compiled)
+        float_only = nonfinite_allowed(compiled)
         for e in entries:
             read_inputs(e.sample_dir, inputs, batch_size=batch_size, allow_nonfinite=float_only)
         first = None
@@ -123,16 +123,43 @@ def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Pat
         raise
 
 
-def float_inputs(compiled: CompiledModel) -> set[str]:
-    """Model inputs nothing quantizes (no NPU subgraph or QuantizeLinear reads them): they may hold NaN and infinity (isnan, a -inf mask), which
-    the float ops of the CPU take as onnxruntime does; an NPU input has no integer code for them."""
-    quantized = {i.name for sg in compiled.subgraphs if sg.kind == "npu" for i in sg.graph.input}
-    quantized |= {n.input[0] for sg in compiled.subgraphs for n in sg.graph.node if n.op_type == "QuantizeLinear"}
-    return {i.name for i in compiled.model.graph.input} - quantized
+def nonfinite_allowed(compiled: CompiledModel) -> dict[str, str]:
+    """Which model inputs may hold NaN / infinity: "all" where nothing quantizes the input or anything
+    the CPU computes from it (isnan), "inf" where only what float ops make from it is quantized (a -inf
+    attention mask the Softmax absorbs). NaN reaching a quantized tensor has no integer code, and an
+    input quantized as it comes in takes neither (those are left out)."""
+    npu_inputs = {i.name for sg in compiled.subgraphs if sg.kind == "npu" for i in sg.graph.input}
+    readers: dict[str, list] = {}
+    for sg in compiled.subgraphs:
+        if sg.kind != "npu":
+            for n in sg.graph.node:
+                for i in n.input:
+                    readers.setdefault(i, []).append(n)
+
+    def quantized(name: str, direct: bool) -> bool:
+        stack, seen = [name], {name}
+        while stack:
+            t = stack.pop()
+            if t in npu_inputs:
+                return True
+            for n in readers.get(t, []):
+                if n.op_type == "QuantizeLinear":
+                    return True
+                if not direct:
+                    new = [o for o in n.output if o and o not in seen]
+                    seen.update(new)
+                    stack.extend(new)
+        return False
+
+    out = {}
+    for i in compiled.model.graph.input:
+        if not quantized(i.name, direct=True):
+            out[i.name] = "inf" if quantized(i.name, direct=False) else "all"
+    return out
 
 
 def _execute(session, out: Path, entries: list, first: dict | None, batch_size: int, perlayer: bool,
-             workers: int | None, float_only: set[str] = frozenset()) -> RunResult:
+             workers: int | None, float_only: dict[str, str] | None = None) -> RunResult:
     from pulsar.core.tensor_io import read_inputs, write_outputs
     from pulsar.runtime.parallel import default_workers
     from pulsar.runtime.paths import inside

@@ -274,3 +274,32 @@ def test_a_float_mask_fed_as_a_model_input_is_a_mask() -> None:
     model.graph.node.insert(0, helper.make_node("MatMul", ["q", "kt"], ["bias"], name="bias"))
     model.graph.node[-2].input[1] = "bias"
     assert masked_scores(model) == []
+
+
+def test_a_model_input_that_also_feeds_the_network_is_not_a_mask() -> None:
+    """Softmax(x @ W + x): x is data (the MatMul reads it too), so the Add stays an ordinary Add."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"], name="proj"),
+             helper.make_node("Add", ["s", "x"], ["masked"], name="add"),
+             helper.make_node("Softmax", ["masked"], ["probs"], axis=-1, name="softmax")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, L, L])], "probs", [1, L, L],
+                   [_const("w", np.eye(L))])
+    assert masked_scores(model) == []
+
+
+def test_p_times_v_counts_only_behind_a_masked_softmax() -> None:
+    from pulsar.quant.shifts import weighted_sums
+
+    def attention(masked: bool) -> onnx.ModelProto:
+        scores = "masked" if masked else "scores"
+        nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="kt"),
+                 helper.make_node("MatMul", ["q", "kt"], ["scores"], name="qk"),
+                 *([helper.make_node("Add", ["scores", "attn_mask"], ["masked"], name="add_mask")] if masked else []),
+                 helper.make_node("Softmax", [scores], ["probs"], axis=-1, name="softmax"),
+                 helper.make_node("MatMul", ["probs", "v"], ["out"], name="pv")]
+        inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, L, 4]) for n in ("q", "k", "v")]
+        if masked:
+            inputs.append(helper.make_tensor_value_info("attn_mask", TensorProto.FLOAT, [L, L]))
+        return _model(nodes, inputs, "out", [1, L, 4], [])
+
+    assert weighted_sums(attention(masked=False)) == []  # a diffuse unmasked head is no reason for 16 bits
+    assert weighted_sums(attention(masked=True)) == [("pv", "v", "out")]
