@@ -13,10 +13,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-# Graph input element types a build accepts: float inputs are calibrated and quantized; integer and
-# bool inputs (ids, masks, indices) are passed through unquantized.
-INPUT_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32",
-               onnx.TensorProto.BOOL: "bool"}
+# Graph input element types the suite builds (what numpy holds natively): float inputs are calibrated
+# and quantized; integer and bool inputs (ids, masks, indices) pass through unquantized. bfloat16,
+# float8, 4-bit and string inputs have no numpy dtype for the calibration and run files.
+INPUT_TYPES = {getattr(onnx.TensorProto, name): np.dtype(dt).name for name, dt in [
+    ("FLOAT", np.float32), ("FLOAT16", np.float16), ("DOUBLE", np.float64), ("INT8", np.int8),
+    ("INT16", np.int16), ("INT32", np.int32), ("INT64", np.int64), ("UINT8", np.uint8), ("UINT16", np.uint16),
+    ("UINT32", np.uint32), ("UINT64", np.uint64), ("BOOL", np.bool_)]}
 
 
 @dataclass

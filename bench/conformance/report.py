@@ -14,7 +14,9 @@ BAD = ("crash", "hang", "run-fail", "frontend", "floor")
 
 
 def _min_cos(res: dict[str, Any], mode: str) -> float:
-    vals = [o["cos"] for o in res[mode]["outputs"] if not o["constant"]]
+    """The lowest cosine of the non-constant outputs (NaN when there are none); an output whose
+    non-finite values sit elsewhere than expected counts as 0."""
+    vals = [0.0 if math.isnan(o["cos"]) else o["cos"] for o in res[mode]["outputs"] if not o["constant"]]
     return min(vals) if vals else math.nan
 
 

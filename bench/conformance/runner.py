@@ -22,7 +22,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     x, y = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     if x.shape != y.shape:
         return float("nan")
-    if np.array_equal(x, y):
+    if np.array_equal(x, y, equal_nan=True):
         return 1.0
     finite = np.isfinite(x) & np.isfinite(y)
     if not np.array_equal(np.isfinite(x), np.isfinite(y)) or not np.array_equal(x[~finite], y[~finite]):

@@ -74,13 +74,23 @@ def _check(
             f"({_first_line(exc)}); {_SKIP_HINT}"
         ) from exc
     for row in compare_outputs(ref, new):
-        if not (row["rel_diff"] <= rtol or row["max_abs_diff"] <= atol):  # `not` also catches NaN
+        tol = _rtol_for(ref, row["output"], rtol)
+        if not (row["rel_diff"] <= tol or row["max_abs_diff"] <= atol):  # `not` also catches NaN
             raise PulsarError(
                 f'transformation check failed after frontend pass "{name}": output "{row["output"]}" '
                 f"differs from the graph before the pass (max abs diff {row['max_abs_diff']:.3g}, "
-                f"relative {row['rel_diff']:.3g} > rtol {rtol:g}); {_SKIP_HINT}"
+                f"relative {row['rel_diff']:.3g} > rtol {tol:g}); {_SKIP_HINT}"
             )
     return new
+
+
+def _rtol_for(ref: list[dict], output: str, rtol: float) -> float:
+    """``rtol``, or 4 units in the last place of a float16 output: a folded constant computed in float32
+    and rounded once differs from onnxruntime's float16 kernels by an ulp or two (eps 9.8e-4)."""
+    value = next((r[output] for r in ref if output in r), None)
+    if isinstance(value, np.ndarray) and value.dtype == np.float16:
+        return max(rtol, 4 * float(np.finfo(np.float16).eps))
+    return rtol
 
 
 def optimize(
