@@ -162,3 +162,25 @@ def test_nan_that_reaches_a_quantized_tensor_through_a_cpu_op_is_refused_inf_is_
     np.save(feeds / "x.npy", x)
     run_model(built.compiled_model, tmp_path / "run", input_dir=feeds)
     assert np.isfinite(np.load(tmp_path / "run" / "y.npy")).all()
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".bin"])
+def test_scalar_inputs_run_from_files(tmp_path: Path, suffix: str) -> None:
+    """Clip with its bounds as rank-0 inputs: built, then run from .npy / raw .bin files in both modes."""
+    path = _save(tmp_path, [helper.make_node("Clip", ["x", "lo", "hi"], ["y"])],
+                 [_vi("x", [1, 3, 4, 5]), _vi("lo", []), _vi("hi", [])], [_vi("y", [1, 3, 4, 5])])
+    x = np.random.default_rng(5).standard_normal((1, 3, 4, 5)).astype(np.float32)
+    lo, hi = np.array(-0.5, np.float32), np.array(0.7, np.float32)
+    built = pulsar.build(path, tmp_path / "out", _config(tmp_path, {"x": [x], "lo": [lo], "hi": [hi]}), quiet=True)
+    feeds = tmp_path / "in"
+    feeds.mkdir()
+    for name, value in (("x", x), ("lo", lo), ("hi", hi)):
+        if suffix == ".npy":
+            np.save(feeds / f"{name}.npy", value)
+        else:
+            value.tofile(feeds / f"{name}.bin")
+    for mode in ("NPUBackend", "Reference"):
+        run_model(built.compiled_model, tmp_path / mode, input_dir=feeds, mode=mode)
+        got = np.load(tmp_path / mode / "y.npy")
+        assert got.shape == x.shape
+        np.testing.assert_allclose(got, np.clip(x, lo, hi), atol=0.01)
