@@ -125,6 +125,14 @@ def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -
     with st.stage("compile"):
         compiled = run_compiler(ctx, qmodel)
         _run_compiled(ctx, qmodel, compiled)
+    if ctx.cfg.evaluation.metric:
+        from pulsar.evaluation.evaluate import run_evaluation
+
+        with st.stage("evaluation"):
+            path = ctx.path("evaluation.json")
+            run_evaluation(ctx.cfg, original, ctx.path("frontend", "optimized.onnx"),
+                           ctx.path("quant", "quantized.onnx"), compiled.path, path, ctx.quiet)
+            ctx.artifacts["evaluation"] = path
     ctx.artifacts["build log"] = ctx.path("build.log")
     show(table("Artifacts", ["artifact", "path"], [(k, str(ctx.shown(v))) for k, v in ctx.artifacts.items()]),
          quiet=ctx.quiet)

@@ -119,6 +119,10 @@ def preflight(ctx: BuildContext) -> tuple[onnx.ModelProto, CalibrationData]:
         cores_for(load_profile(cfg.target_hardware), cfg.npu_mode)
         check_processors(ctx, original)
         check_sample_dirs(cfg, original)  # every sample file, in the deployed format
+        if cfg.evaluation.metric or cfg.evaluation.input_configs or cfg.evaluation.labels or cfg.evaluation.output:
+            from pulsar.evaluation.evaluate import check_evaluation
+
+            check_evaluation(cfg, original)  # the metric (a plugin is imported now), its data and labels
     with st.stage("calibration data"):
         data = open_calibration(ctx, original)
     return original, data

@@ -1,0 +1,136 @@
+"""``evaluation``: check the section before the build writes, score the three models after it compiled.
+
+Built-in metrics stream the evaluation data (``evaluation.input_configs``, the calibration formats)
+through the float, QDQ and compiled models one sample at a time; a plugin gets each model as a
+session and reads its own data. The figures go to the console, ``build.log`` and ``evaluation.json``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from pulsar.errors import PulsarError
+from pulsar.evaluation.metrics import BUILTINS
+from pulsar.evaluation.plugins import call_metric, is_plugin, load_metric
+from pulsar.evaluation.sessions import CompiledSession, MetricSession, OrtSession
+from pulsar.quant.datasets import CalibrationData, DatasetConfig
+from pulsar.quant.stage import input_specs
+from pulsar.ui import show, table
+from pulsar.utils.atomic import atomic_write_text
+
+log = logging.getLogger(__name__)
+MODELS = ("float", "qdq", "npu")  # the keys of evaluation.json, in the order they are scored
+
+
+def _configs(ev: Any) -> list[DatasetConfig]:
+    return [DatasetConfig(ic.tensor_name, ic.calibration_dataset, ic.calibration_format, ic.calibration_size,
+                          tuple(ic.calibration_mean or ()), tuple(ic.calibration_std or ()),
+                          field_path=f"evaluation.input_configs[{i}]") for i, ic in enumerate(ev.input_configs)]
+
+
+def _labels(path: str) -> np.ndarray:
+    p = Path(path)
+    if not p.is_file():
+        raise PulsarError(f"evaluation.labels: {path} does not exist; give a .npy file with one label per sample")
+    try:
+        labels: np.ndarray = np.load(p, allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise PulsarError(f"evaluation.labels: {path} is not a plain .npy array ({exc}); save it with np.save") from None
+    return labels
+
+
+def check_evaluation(cfg: Any, model: onnx.ModelProto) -> None:
+    """Every mistake in ``evaluation`` before anything is written: the metric, its data and labels."""
+    ev = cfg.evaluation
+    if not ev.metric:
+        for name in ("input_configs", "labels", "output"):
+            if getattr(ev, name):
+                raise PulsarError(f"evaluation.{name} is set but evaluation.metric is empty; name a metric "
+                                  f"({', '.join(BUILTINS)} or module:function) or remove evaluation.{name}")
+        return
+    if is_plugin(ev.metric):
+        load_metric(ev.metric)
+        for name in ("input_configs", "labels", "output"):
+            if getattr(ev, name):
+                raise PulsarError(f"evaluation.{name}: a plugin metric reads its own data; remove evaluation.{name} "
+                                  "or use a built-in metric")
+        return
+    if ev.metric not in BUILTINS:
+        raise PulsarError(f"evaluation.metric: {ev.metric!r} is not a built-in metric ({', '.join(BUILTINS)}) nor "
+                          "a plugin 'module:function' / 'file.py:function'")
+    if not ev.input_configs:
+        raise PulsarError(f"evaluation.input_configs: the built-in metric {ev.metric} needs evaluation data; add "
+                          "entries like quant.input_configs (tensor_name, calibration_dataset, calibration_format)")
+    if cfg.input_processors:
+        raise PulsarError("evaluation.metric: the built-in metrics feed the same data to the float and the compiled "
+                          "model, which input_processors make different; use a plugin metric (it sees each "
+                          "model's inputs) or remove input_processors")
+    outputs = [o.name for o in model.graph.output]
+    if ev.output and ev.output not in outputs:
+        raise PulsarError(f"evaluation.output: the model has no output {ev.output!r}; its outputs are {outputs}")
+    data = CalibrationData(input_specs(cfg, model), _configs(ev))
+    try:
+        acc = BUILTINS[ev.metric]()
+        if acc.needs_labels:
+            if not ev.labels:
+                raise PulsarError(f"evaluation.labels: the metric {ev.metric} needs labels; give a .npy file with "
+                                  "one label per sample")
+            labels = _labels(ev.labels)
+            if labels.ndim == 0 or len(labels) < len(data):
+                raise PulsarError(f"evaluation.labels: {ev.labels} holds {0 if labels.ndim == 0 else len(labels)} "
+                                  f"labels for {len(data)} samples; give one per sample, in sample order")
+        elif ev.labels:
+            raise PulsarError(f"evaluation.labels: the metric {ev.metric} compares with the float model and reads no "
+                              "labels; remove evaluation.labels")
+    finally:
+        data.close()
+
+
+def run_evaluation(cfg: Any, model: onnx.ModelProto, float_path: Path, qdq_path: Path, compiled_path: Path,
+                   out: Path, quiet: bool = False) -> dict[str, Any]:
+    """Score the three models; writes ``out`` (evaluation.json) and returns what it holds."""
+    ev = cfg.evaluation
+    sessions: dict[str, MetricSession] = {"float": OrtSession(float_path), "qdq": OrtSession(qdq_path, qdq=True),
+                                          "npu": CompiledSession(compiled_path)}
+    if is_plugin(ev.metric):
+        fn = load_metric(ev.metric)
+        values = {k: call_metric(fn, s, k) for k, s in sessions.items()}
+        samples = None
+    else:
+        values, samples = _builtin(cfg, model, sessions)
+    result = {"metric": ev.metric, "samples": samples, **values}
+    atomic_write_text(out, json.dumps(result, indent=2) + "\n")
+    for k in MODELS:
+        log.info("evaluation %s: %s %.6f", ev.metric, k, values[k])
+    names = {"float": "float model", "qdq": "QDQ model (onnxruntime)", "npu": "compiled model (NPUBackend)"}
+    show(table(f"Evaluation: {ev.metric}" + (f" on {samples} samples" if samples else ""), ["model", ev.metric],
+               [(names[k], f"{values[k]:.6f}") for k in MODELS]), quiet=quiet)
+    return result
+
+
+def _builtin(cfg: Any, model: onnx.ModelProto, sessions: dict[str, MetricSession]) -> tuple[dict[str, float], int]:
+    ev = cfg.evaluation
+    output = ev.output or model.graph.output[0].name
+    accs = {k: BUILTINS[ev.metric]() for k in MODELS}
+    labels = _labels(ev.labels) if accs["float"].needs_labels else None
+    data = CalibrationData(input_specs(cfg, model), _configs(ev))
+    n = 0
+    try:
+        for i, feeds in enumerate(data):
+            ref = sessions["float"].run(feeds)[output]
+            label = labels[i] if labels is not None else None
+            for k in MODELS:
+                got = ref if k == "float" else sessions[k].run(feeds)[output]
+                try:
+                    accs[k].add(got, label, ref)
+                except ValueError as exc:
+                    raise PulsarError(f"evaluation: sample {i}: {exc}; check evaluation.labels") from None
+            n += 1
+    finally:
+        data.close()
+    return {k: accs[k].value() for k in MODELS}, n
