@@ -18,8 +18,9 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from pulsar.api import BuildResult, build
     from pulsar.runtime.session import Session
+    from pulsar.search import sweep
 
-__all__ = ["BuildResult", "Session", "__version__", "build"]
+__all__ = ["BuildResult", "Session", "__version__", "build", "sweep"]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,6 +29,10 @@ def __getattr__(name: str) -> Any:
         from pulsar import api
 
         return getattr(api, name)
+    if name == "sweep":
+        from pulsar.search import sweep
+
+        return sweep
     if name == "Session":
         from pulsar.runtime.session import Session
 

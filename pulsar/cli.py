@@ -195,6 +195,41 @@ def run(
                   f"sample ({mode}); outputs in {where}", target=out_console)
 
 
+@app.command(help="Build over a search space and report the Pareto front of a metric against estimated latency.")
+@guarded
+def sweep(
+    input: Annotated[Path, typer.Option("--input", help="float ONNX model")],
+    space: Annotated[Path, typer.Option("--space", help="search space (.yaml / .json / .toml): dotted config "
+                                                        "field -> list of values")],
+    output_dir: Annotated[Path, typer.Option("--output_dir", help="sweep.json / .png / .html and trials/<k>/")],
+    config: Annotated[Path | None, typer.Option("--config", help="base build config")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", help="built-in metric or MODULE:FUNCTION / "
+                                                                "FILE.py:FUNCTION (default: evaluation.metric "
+                                                                "of the base config)")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="trials built at once (default: cores, "
+                                                                  "bounded by memory)")] = None,
+    ray: Annotated[str | None, typer.Option("--ray", help="run the trials on a Ray cluster at ADDRESS "
+                                                          "(not built yet)")] = None,
+    target_metric: Annotated[float | None, typer.Option("--target-metric", help="stop launching trials once "
+                                                                                "one reaches this metric; the "
+                                                                                "report names the fastest that "
+                                                                                "does")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+) -> None:
+    from pulsar.search import sweep as run_sweep
+    from pulsar.ui import out_console, print_renderable, table
+
+    rows = run_sweep(input, config, space, output_dir, metric=metric, workers=workers, ray=ray,
+                     target_metric=target_metric)
+    fields = sorted({f for r in rows for f in r["settings"]})
+    body = [(str(r["trial"]), *(str(r["settings"].get(f)) for f in fields), r["status"],
+             "" if r.get("metric") is None else f"{r['metric']:.6g}",
+             "" if r.get("latency_ms") is None else f"{r['latency_ms']:.4g}", "yes" if r.get("pareto") else "")
+            for r in rows]
+    print_renderable(table(f"Sweep ({output_dir}/sweep.json)", ["trial", *fields, "status", "metric", "latency ms",
+                                                               "pareto"], body), target=out_console)
+
+
 @app.command(help="Show a compiled model: inputs / outputs, subgraphs, target, estimate, versions.")
 @guarded
 def info(

@@ -19,7 +19,7 @@ ROOT = Path(pulsar.__file__).parent
 
 NEUTRAL = ("core", "utils", "errors", "ui", "context")
 STAGES = ("config", "frontend", "quant", "compiler", "runtime", "evaluation")
-TOP = ("cli", "api", "preflight", "__init__", "__main__")
+TOP = ("cli", "api", "preflight", "search", "__init__", "__main__")
 ROOT_CONSTANTS = ("pulsar.__version__",)  # set by pulsar/__init__.py itself, which imports nothing eagerly
 RANK = {**dict.fromkeys(NEUTRAL, 0), **{s: i + 1 for i, s in enumerate(STAGES)}}
 ORDER = " < ".join([", ".join(NEUTRAL), *STAGES])

@@ -1,0 +1,42 @@
+"""One trial: a build with the trial's settings in ``OUT/trials/<k>/``, scored and measured.
+
+Runs in a worker process. A trial that fails is a row with ``status`` "failed" and the error line,
+never an exception: the sweep goes on. ``trial.json`` in the trial's folder is what a resumed sweep
+reads to skip it."""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from pulsar.utils.atomic import atomic_write_text
+
+
+def run_trial(job: dict[str, Any]) -> dict[str, Any]:
+    import pulsar
+    from pulsar.core.container import load_compiled
+    from pulsar.errors import PulsarError
+
+    out = Path(job["dir"])
+    row: dict[str, Any] = {"trial": job["trial"], "settings": job["settings"], "status": "failed", "metric": None,
+                           "latency_ms": None, "size_bytes": None, "build_s": None}
+    t0 = time.perf_counter()
+    try:
+        built = pulsar.build(job["input"], out, job["config"], overrides={**job["settings"], **job["fixed"]},
+                             quiet=True)
+        ev = json.loads((out / "evaluation.json").read_text())
+        est = load_compiled(built.compiled_model).metadata.get("estimate") or {}
+        row.update(status="ok", metric=ev["npu"], metric_float=ev["float"], metric_qdq=ev["qdq"],
+                   latency_ms=est.get("time_ms") if isinstance(est, dict) else None,
+                   size_bytes=built.compiled_model.stat().st_size)
+    except PulsarError as exc:
+        row["error"] = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a pulsar bug still must not end the sweep
+        row["error"] = f"{type(exc).__name__}: {exc} ({traceback.format_exc(limit=1).splitlines()[-1]})"
+    row["build_s"] = round(time.perf_counter() - t0, 2)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "trial.json", json.dumps(row, indent=1) + "\n")
+    return row

@@ -1,0 +1,115 @@
+"""``pulsar sweep`` on the tiny CNN: the trial table, a Pareto front that matches the table, the PNG and
+HTML report, resuming without rebuilding, --target-metric, and bad search spaces as one error line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import pulsar
+from pulsar.errors import PulsarError
+from tests.tiny_model import make_numpy_calibration
+
+
+@pytest.fixture(scope="module")
+def base(tiny, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("sweep_base")
+    data = make_numpy_calibration(root / "eval", n=12, seed=11)
+    calib = [{"tensor_name": "image", "calibration_dataset": str(tiny["calib"]), "calibration_format": "Numpy",
+              "calibration_size": 8}]
+    cfg = {"quant": {"input_configs": calib}, "evaluation": {"metric": "cosine", "input_configs": [
+        {"tensor_name": "image", "calibration_dataset": str(data), "calibration_format": "Numpy",
+         "calibration_size": -1}]}}
+    path = root / "base.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("space") / "space.yaml"
+    path.write_text("quant.calibration_method: [MinMax, Percentile, MSE]\nnpu_mode: [NPU1, NPU2]\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def swept(tiny, base, space, tmp_path_factory) -> tuple[Path, list[dict]]:
+    out = tmp_path_factory.mktemp("sweep") / "out"
+    return out, pulsar.sweep(tiny["model"], base, space, out, workers=2, quiet=True)
+
+
+def test_every_trial_is_a_row_and_the_front_matches_the_table(swept) -> None:
+    out, rows = swept
+    report = json.loads((out / "sweep.json").read_text())
+    assert report["trials"] == json.loads(json.dumps(rows))
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows), rows
+    assert [r["settings"]["npu_mode"] for r in rows] == ["NPU1", "NPU2"] * 3
+    for r in rows:
+        assert 0.9 < r["metric"] <= 1.0 and r["latency_ms"] > 0 and r["size_bytes"] > 0 and r["build_s"] > 0
+        assert (out / "trials" / str(r["trial"]) / "compiled.pulsar").is_file()
+    # the front, recomputed by brute force from the table
+    for r in rows:
+        dominated = any(q["metric"] >= r["metric"] and q["latency_ms"] <= r["latency_ms"]
+                        and (q["metric"], -q["latency_ms"]) != (r["metric"], -r["latency_ms"]) for q in rows)
+        assert r["pareto"] == (not dominated), r
+    assert any(r["pareto"] for r in rows)
+    # two cores never run slower than one: NPU2 trials are at least as fast as their NPU1 twins
+    assert all(rows[i + 1]["latency_ms"] <= rows[i]["latency_ms"] for i in range(0, 6, 2))
+
+
+def test_the_report_is_a_png_and_a_self_contained_page(swept) -> None:
+    out, rows = swept
+    with Image.open(out / "sweep.png") as im:
+        im.verify()
+        assert im.format == "PNG" and im.size[0] > 300
+    page = (out / "sweep.html").read_text()
+    assert "data:image/png;base64," in page and page.count("<tr") == len(rows) + 1
+    assert "http" not in page.replace("http-equiv", "")  # nothing fetched from elsewhere
+
+
+def test_a_resumed_sweep_rebuilds_nothing(tiny, base, space, swept) -> None:
+    out, rows = swept
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "trials").glob("*/compiled.pulsar")}
+    again = pulsar.sweep(tiny["model"], base, space, out, workers=2, quiet=True)
+    assert all(r.get("resumed") for r in again)
+    assert [r["metric"] for r in again] == [r["metric"] for r in rows]
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+
+def test_target_metric_stops_launching_and_names_the_fastest(tiny, base, space, tmp_path) -> None:
+    rows = pulsar.sweep(tiny["model"], base, space, tmp_path / "out", workers=1, target_metric=0.0, quiet=True)
+    assert rows[0]["status"] == "ok" and all(r["status"] == "skipped" for r in rows[1:])
+    assert json.loads((tmp_path / "out" / "sweep.json").read_text())["best"] == 0
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("quant.calibration_methd: [KL]\n", 'is not a config field (did you mean "quant.calibration_method"?)'),
+    ("quant.calibration_method: KL\n", "must be a non-empty list of values"),
+    ("quant.calibration_method: [3]\n", "trial 0 (quant.calibration_method=3)"),
+    ("output_dir: [a]\n", "is set by the sweep itself"),
+])
+def test_bad_search_spaces_are_one_error_line(tiny, base, tmp_path, text: str, needle: str) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "pulsar", "sweep", "--input", str(tiny["model"]), "--config",
+                           str(base), "--space", str(space), "--output_dir", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr
+    assert not (tmp_path / "out" / "trials").exists()
+
+
+def test_a_sweep_needs_a_metric_and_ray_is_not_built(tiny, tiny_config, space, tmp_path) -> None:
+    with pytest.raises(PulsarError, match="a sweep needs a metric"):
+        pulsar.sweep(tiny["model"], tiny_config, space, tmp_path / "a", quiet=True)
+    with pytest.raises(PulsarError, match="--ray: running trials on a Ray cluster is not built yet"):
+        pulsar.sweep(tiny["model"], tiny_config, space, tmp_path / "b", ray="auto", metric="cosine", quiet=True)
+    assert not np.any([p.exists() for p in (tmp_path / "a", tmp_path / "b")])
