@@ -208,8 +208,9 @@ def sweep(
                                                                 "of the base config)")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="trials built at once (default: cores, "
                                                                   "bounded by memory)")] = None,
-    ray: Annotated[str | None, typer.Option("--ray", help="run the trials on a Ray cluster at ADDRESS "
-                                                          "(not built yet)")] = None,
+    ray: Annotated[str | None, typer.Option("--ray", help="run the trials as tasks on a Ray cluster at ADDRESS "
+                                                          "(bare --ray: a local Ray instance); needs the "
+                                                          "[ray] extra")] = None,
     target_metric: Annotated[float | None, typer.Option("--target-metric", help="stop launching trials once "
                                                                                 "one reaches this metric; the "
                                                                                 "report names the fastest that "
@@ -290,6 +291,15 @@ def version() -> None:
     typer.echo(f"pulsar {__version__}")
 
 
+def _bare_ray(argv: list[str]) -> None:
+    """``pulsar sweep --ray`` with no address means a local Ray instance: give the option its value."""
+    if len(argv) > 1 and argv[1] == "sweep":
+        for i, arg in enumerate(argv):
+            if arg == "--ray" and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
+                argv.insert(i + 1, "local")
+                break
+
+
 def main() -> None:
     """Run the CLI; a usage error (unknown option, missing value) is one ``error:`` line, exit 2."""
     try:  # typer >= 0.22 vendors click
@@ -297,6 +307,7 @@ def main() -> None:
     except ImportError:  # pragma: no cover (older typer: the click package)
         import click.exceptions as click  # type: ignore[no-redef]
 
+    _bare_ray(sys.argv)
     try:
         code = app(standalone_mode=False, prog_name="pulsar")
     except click.UsageError as e:

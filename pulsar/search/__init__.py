@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
@@ -60,14 +61,16 @@ def _previous(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
 def sweep(input: str | Path, config: str | Path | dict[str, Any] | None, space: str | Path,
           output_dir: str | Path, *, metric: str | None = None, workers: int | None = None,
           ray: str | None = None, target_metric: float | None = None, quiet: bool = False) -> list[dict[str, Any]]:
-    """Run the sweep; returns the trial table (the ``trials`` of ``sweep.json``)."""
+    """Run the sweep; returns the trial table (the ``trials`` of ``sweep.json``). ``ray``: a Ray address
+    ("" or "local" starts a local instance) to run the trials on instead of local processes."""
     from pulsar.ui import setup_logging
 
     setup_logging(quiet=quiet)
-    if ray is not None:
-        raise PulsarError("--ray: running trials on a Ray cluster is not built yet; run without --ray (local "
-                          "worker processes)")
     out = Path(output_dir)
+    if ray is not None:
+        from pulsar.search.ray_backend import require_ray
+
+        require_ray()
     name = _metric_of(config, input, out, metric)
     settings = trials(load_space(space))
     fixed: dict[str, Any] = {"input": str(input), "work_dir": str(out / "work"), "evaluation.metric": name}
@@ -76,9 +79,9 @@ def sweep(input: str | Path, config: str | Path | dict[str, Any] | None, space: 
         from pulsar.evaluation.plugins import load_metric
 
         load_metric(name, "--metric")
-    jobs: list[dict[str, Any]] = [{"trial": k, "settings": s, "dir": str(out / "trials" / str(k)), "input": str(input),
-             "config": str(config) if isinstance(config, str | Path) else config, "fixed": fixed}
-            for k, s in enumerate(settings)]
+    cfg = str(config) if isinstance(config, str | Path) else config
+    jobs: list[dict[str, Any]] = [{"trial": k, "settings": s, "dir": str(out / "trials" / str(k)),
+                                   "input": str(input), "config": cfg, "fixed": fixed} for k, s in enumerate(settings)]
     rows: dict[int, dict[str, Any]] = {}
     todo = []
     for job in jobs:
@@ -88,34 +91,49 @@ def sweep(input: str | Path, config: str | Path | dict[str, Any] | None, space: 
         else:
             todo.append(job)
     log.info("sweep: %d trials (%d done before, resumed), metric %s", len(jobs), len(rows), name)
-    met = _met(rows.values(), target_metric)
-    n = _workers(workers, len(todo))
-    if todo and not met:
-        with ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn")) as pool:
-            pending: dict[Future[dict[str, Any]], dict[str, Any]] = {}
-            queue = list(todo)
-            while queue or pending:
-                while queue and len(pending) < n and not met:
-                    job = queue.pop(0)
-                    pending[pool.submit(run_trial, job)] = job
-                if not pending:
-                    break
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    job = pending.pop(fut)
-                    row = fut.result()
-                    rows[job["trial"]] = row
-                    log.info("trial %d/%d %s: %s %s, %s ms", job["trial"], len(jobs), row["status"], name,
-                             row.get("metric"), row.get("latency_ms"))
-                met = met or _met([row for row in rows.values()], target_metric)
-            for job in queue:
-                rows[job["trial"]] = {"trial": job["trial"], "settings": job["settings"], "status": "skipped",
-                                      "metric": None, "latency_ms": None, "size_bytes": None, "build_s": None,
-                                      "error": f"not run: a trial met --target-metric {target_metric}"}
+    done_before = list(rows.values())
+
+    def stop(new_rows: list[dict[str, Any]]) -> bool:
+        return _met(done_before + new_rows, target_metric)
+
+    if todo and not stop([]):
+        if ray is not None:
+            from pulsar.search.ray_backend import run_on_ray
+
+            results = run_on_ray(todo, ray, stop)
+        else:
+            results = _run_local(todo, _workers(workers, len(todo)), stop)
+        for row in results:
+            rows[row["trial"]] = row
+            log.info("trial %d/%d %s: %s %s, %s ms", row["trial"], len(jobs), row["status"], name,
+                     row.get("metric"), row.get("latency_ms"))
     table = [rows[k] for k in sorted(rows)]
     best = _best(table, target_metric)
     write_report(out, table, name, best)
     return table
+
+
+def _run_local(jobs: list[dict[str, Any]], n: int, stop: Callable[[list[dict[str, Any]]], bool]
+               ) -> Iterator[dict[str, Any]]:
+    """Rows of ``jobs`` as they finish in ``n`` worker processes; none starts once ``stop(rows so far)``."""
+    rows: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn")) as pool:
+        pending: dict[Future[dict[str, Any]], dict[str, Any]] = {}
+        queue = list(jobs)
+        while queue or pending:
+            while queue and len(pending) < n and not stop(rows):
+                job = queue.pop(0)
+                pending[pool.submit(run_trial, job)] = job
+            if not pending:
+                break
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                pending.pop(fut)
+                rows.append(fut.result())
+                yield rows[-1]
+    for job in queue:
+        yield {"trial": job["trial"], "settings": job["settings"], "status": "skipped", "metric": None,
+               "latency_ms": None, "size_bytes": None, "build_s": None, "error": "not run: a trial met --target-metric"}
 
 
 def _met(rows: Any, target: float | None) -> bool:
