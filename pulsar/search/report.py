@@ -40,7 +40,7 @@ def _plot(rows: list[dict[str, Any]], metric: str) -> bytes:
         ax.annotate(str(r["trial"]), (r["latency_ms"], r["metric"]), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")
     ax.set_xlabel("estimated latency (ms)")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(metric.rpartition(":")[2] if ":" in metric else metric)  # a plugin: its function name
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     buf = io.BytesIO()
