@@ -23,6 +23,15 @@ def pareto(rows: list[dict[str, Any]]) -> None:
             and (q["metric"] > r["metric"] or q["latency_ms"] < r["latency_ms"]) for q in ok)
 
 
+def _short(metric: str) -> str:
+    """A plugin by its function name (the axis label and table header), a built-in as is."""
+    return metric.rpartition(":")[2] if ":" in metric else metric
+
+
+def _cell(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _plot(rows: list[dict[str, Any]], metric: str) -> bytes:
     import io
 
@@ -39,10 +48,13 @@ def _plot(rows: list[dict[str, Any]], metric: str) -> bytes:
     for r in ok:
         ax.annotate(str(r["trial"]), (r["latency_ms"], r["metric"]), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")
+    floats = {float(r["metric_float"]) for r in ok if r.get("metric_float") is not None}
+    if len(floats) == 1:  # every trial scores the same float model: the bar quantization is measured against
+        ax.axhline(floats.pop(), color="#555", linestyle="--", linewidth=1, label="float model")
     ax.set_xlabel("estimated latency (ms)")
-    ax.set_ylabel(metric.rpartition(":")[2] if ":" in metric else metric)  # a plugin: its function name
+    ax.set_ylabel(_short(metric))
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png")
@@ -52,12 +64,14 @@ def _plot(rows: list[dict[str, Any]], metric: str) -> bytes:
 
 def _html(rows: list[dict[str, Any]], metric: str, png: bytes, best: int | None) -> str:
     fields = sorted({f for r in rows for f in r["settings"]})
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["trial", *fields, "status", metric, "latency ms",
-                                                           "size bytes", "build s", "pareto"])
+    name = _short(metric)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["trial", *fields, "status", name, f"{name} (float)",
+                                                           f"{name} (QDQ)", "latency ms", "size bytes", "build s",
+                                                           "pareto"])
     body = []
     for r in rows:
-        cells = [str(r["trial"]), *(json.dumps(r["settings"].get(f)) for f in fields), r["status"],
-                 "" if r.get("metric") is None else f"{r['metric']:.6g}",
+        cells = [str(r["trial"]), *(_cell(r["settings"][f]) if f in r["settings"] else "" for f in fields), r["status"],
+                 *("" if r.get(k) is None else f"{r[k]:.6g}" for k in ("metric", "metric_float", "metric_qdq")),
                  "" if r.get("latency_ms") is None else f"{r['latency_ms']:.4g}",
                  str(r.get("size_bytes") or ""), f"{r.get('build_s') or 0:.1f}", "yes" if r.get("pareto") else ""]
         style = ' class="front"' if r.get("pareto") else ""

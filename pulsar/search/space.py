@@ -2,7 +2,12 @@
 
 Every field must be a config field (``did you mean``), every value list non-empty, and every trial's
 full config must pass the same validation a build does, so a wrong type or an unsupported
-combination is found before the first trial runs."""
+combination is found before the first trial runs.
+
+A key that is not a config field names a *group*: its list holds mappings of dotted fields that are
+set together in one trial (``{"quant.enable_lsq": true, "quant.finetune_epochs": 40}``). Groups are
+how fields that only act with a switch (fine-tuning steps with LSQ) vary with it, since a build
+rejects such a field when its switch is off."""
 
 from __future__ import annotations
 
@@ -18,31 +23,60 @@ from pulsar.errors import PulsarError, did_you_mean
 # set per trial by the sweep itself; a space may not vary them
 RESERVED = ("input", "output_dir", "work_dir", "evaluation.metric")
 
+Space = dict[str, list[dict[str, Any]]]  # a key -> its alternatives, each {dotted field: value}
 
-def load_space(path: str | Path) -> dict[str, list[Any]]:
-    """``{dotted field: [values]}`` from a .json / .yaml / .toml file, fields and lists checked."""
+
+def _field(known: dict[str, Any], field: str, where: str) -> str:
+    name = field.removeprefix("--")
+    if name not in known:
+        raise PulsarError(f"{where}: {field!r} is not a config field{did_you_mean(name, list(known))}")
+    if name in RESERVED:
+        raise PulsarError(f"{where}: {field!r} is set by the sweep itself; remove it")
+    return name
+
+
+def _group(known: dict[str, Any], key: str, values: list[Any], path: str | Path) -> list[dict[str, Any]]:
+    where = f"search space {path}: group {key!r}"
+    options: list[dict[str, Any]] = []
+    for i, option in enumerate(values):
+        if not isinstance(option, dict) or not option:
+            raise PulsarError(f"{where}: item {i} must be a mapping of dotted config fields to values, got {option!r}")
+        options.append({_field(known, f, f"{where}, item {i}"): v for f, v in option.items()})
+    return options
+
+
+def load_space(path: str | Path) -> Space:
+    """Each key's alternatives from a .json / .yaml / .toml file, fields and lists checked.
+
+    A config field's list becomes one-field alternatives; a group key's list of mappings is kept as is."""
     raw = read_config_file(path)
     if not isinstance(raw, dict) or not raw:
         raise PulsarError(f"search space {path}: expected a mapping of dotted config fields to lists of values, "
                           "e.g. {\"quant.calibration_method\": [\"MinMax\", \"KL\"]}")
     known = {flag.removeprefix("--"): leaf for flag, leaf in leaf_map().items()}
-    space: dict[str, list[Any]] = {}
-    for field, values in raw.items():
-        name = field.removeprefix("--")
-        if name not in known:
-            raise PulsarError(f"search space {path}: {field!r} is not a config field{did_you_mean(name, list(known))}")
-        if name in RESERVED:
-            raise PulsarError(f"search space {path}: {field!r} is set by the sweep itself; remove it")
+    space: Space = {}
+    for key, values in raw.items():
         if not isinstance(values, list) or not values:
-            raise PulsarError(f"search space {path}: {field!r} must be a non-empty list of values, got {values!r}")
-        space[name] = values
+            raise PulsarError(f"search space {path}: {key!r} must be a non-empty list of values, got {values!r}")
+        name = key.removeprefix("--")
+        if name not in known and any(isinstance(v, dict) for v in values):
+            space[key] = _group(known, key, values, path)
+            continue
+        name = _field(known, key, f"search space {path}")
+        space[name] = [{name: v} for v in values]
+    seen: dict[str, str] = {}
+    for key, options in space.items():
+        for field in {f for o in options for f in o}:
+            if seen.setdefault(field, key) != key:
+                raise PulsarError(f"search space {path}: {field!r} is set by both {seen[field]!r} and {key!r}; "
+                                  "vary each field in one place")
     return space
 
 
-def trials(space: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every combination, the first field varying slowest (the order trials are numbered and run)."""
-    keys = list(space)
-    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(space[k] for k in keys))]
+def trials(space: Space) -> list[dict[str, Any]]:
+    """Every combination as ``{dotted field: value}``, the first key varying slowest (the order trials
+    are numbered and run)."""
+    return [{f: v for option in combo for f, v in option.items()} for combo in itertools.product(*space.values())]
 
 
 def check_trials(base: str | Path | dict[str, Any] | None, settings: list[dict[str, Any]],

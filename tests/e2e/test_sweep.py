@@ -93,6 +93,12 @@ def test_target_metric_stops_launching_and_names_the_fastest(tiny, base, space, 
     ("quant.calibration_method: KL\n", "must be a non-empty list of values"),
     ("quant.calibration_method: [3]\n", "trial 0 (quant.calibration_method=3)"),
     ("output_dir: [a]\n", "is set by the sweep itself"),
+    ("lsq:\n  - {quant.enable_lsq: true, quant.finetune_epoch: 3}\n",
+     "group 'lsq', item 0: 'quant.finetune_epoch' is not a config field (did you mean \"quant.finetune_epochs\"?)"),
+    ("lsq: [{quant.enable_lsq: true}, 3]\n", "group 'lsq': item 1 must be a mapping"),
+    ("quant.enable_lsq: [true]\nlsq: [{quant.enable_lsq: false}]\n", "is set by both 'quant.enable_lsq' and 'lsq'"),
+    ("quant.enable_lsq: [false, true]\nquant.finetune_epochs: [3]\n",
+     "trial 0 (quant.enable_lsq=False, quant.finetune_epochs=3)"),
 ])
 def test_bad_search_spaces_are_one_error_line(tiny, base, tmp_path, text: str, needle: str) -> None:
     space = tmp_path / "space.yaml"
@@ -104,6 +110,26 @@ def test_bad_search_spaces_are_one_error_line(tiny, base, tmp_path, text: str, n
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr
     assert not (tmp_path / "out" / "trials").exists()
+
+
+def test_a_group_sets_its_fields_together_in_one_trial(tiny, base, tmp_path) -> None:
+    """Fine-tuning steps only act with a fine-tuning switch (a build rejects them alone), so they vary
+    with it as a group; each trial's build really got the group's fields."""
+    space = tmp_path / "space.yaml"
+    space.write_text("npu_mode: [NPU1, NPU2]\n"
+                     "finetune:\n  - {quant.enable_lsq: false}\n"
+                     "  - {quant.enable_lsq: true, quant.finetune_epochs: 3, quant.finetune_batch_size: 2}\n")
+    rows = pulsar.sweep(tiny["model"], base, space, tmp_path / "out", workers=2, quiet=True)
+    assert [r["settings"] for r in rows] == [
+        {"npu_mode": m, "quant.enable_lsq": False} if k % 2 == 0 else
+        {"npu_mode": m, "quant.enable_lsq": True, "quant.finetune_epochs": 3, "quant.finetune_batch_size": 2}
+        for k, m in enumerate(["NPU1", "NPU1", "NPU2", "NPU2"])]
+    assert all(r["status"] == "ok" for r in rows), rows
+    for r in rows:
+        log = (tmp_path / "out" / "trials" / str(r["trial"]) / "build.log").read_text()
+        assert ("LSQ" in log) == r["settings"]["quant.enable_lsq"], log
+    html = (tmp_path / "out" / "sweep.html").read_text()
+    assert "quant.finetune_epochs" in html and "null" not in html  # a field a trial does not set is blank
 
 
 def test_a_sweep_needs_a_metric(tiny, tiny_config, space, tmp_path) -> None:
