@@ -155,7 +155,10 @@ def sweep(input: str | Path, config: str | Path | dict[str, Any] | None, space: 
 
             results = run_on_ray(todo, ray, stop)
         else:
-            results = _run_local(todo, _workers(workers, len(todo)), stop)
+            n = _workers(workers, len(todo))
+            threads = max(1, (os.cpu_count() or 1) // n)
+            log.info("sweep: %d local worker processes, %d thread(s) each", n, threads)
+            results = _run_local([{**job, "threads": threads} for job in todo], n, stop)
         for row in results:
             rows[row["trial"]] = row
             log.info("trial %d/%d %s: %s %s, %s ms%s", row["trial"], len(jobs), row["status"], name,

@@ -53,7 +53,7 @@ def run_on_ray(jobs: list[dict[str, Any]], address: str, stop: Callable[[list[di
     except Exception as exc:  # noqa: BLE001 - Ray's connection errors have many types
         raise PulsarError(f"--ray {address or 'local'}: cannot start or reach Ray ({exc}); check the address "
                           "(ray://host:10001 or host:6379) or run without --ray") from None
-    task = ray.remote(num_cpus=1)(_remote_trial)
+    task = ray.remote(num_cpus=1)(_remote_trial)  # one CPU and one thread: trial.py
     resources: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
     slots = max(1, int(resources.get("CPU", 1)))
     queue = list(jobs)
@@ -62,7 +62,7 @@ def run_on_ray(jobs: list[dict[str, Any]], address: str, stop: Callable[[list[di
     while queue or pending:
         while queue and len(pending) < slots and not stop(rows):
             job = queue.pop(0)
-            pending[task.remote({k: v for k, v in job.items() if k != "dir"} | {"dir": ""})] = job
+            pending[task.remote({k: v for k, v in job.items() if k != "dir"} | {"dir": "", "threads": 1})] = job
         if not pending:
             break
         done, _ = ray.wait(list(pending), num_returns=1)

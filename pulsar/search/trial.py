@@ -21,11 +21,21 @@ def failed_row(job: dict[str, Any], error: str, status: str = "failed") -> dict[
             "latency_ms": None, "size_bytes": None, "build_s": None, "error": error}
 
 
+def _set_threads(n: int) -> None:
+    """The trial's share of the cores for torch (fine-tuning, the simulator). Besides avoiding
+    oversubscription, it makes fine-tuning repeatable: its float sums depend on the thread count, so a
+    trial scores the same wherever it runs with the same count (a Ray task runs with one)."""
+    import torch
+
+    torch.set_num_threads(n)
+
+
 def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     import pulsar
     from pulsar.core.container import load_compiled
     from pulsar.errors import PulsarError
 
+    _set_threads(int(job.get("threads") or 1))
     out = Path(job["dir"])
     row = failed_row(job, "")
     t0 = time.perf_counter()
