@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BuildResult", "build", "run_model"]
+__all__ = ["BuildResult", "build", "check_build", "run_model"]
 
 
 @dataclass
@@ -87,6 +87,23 @@ def build(input: str | Path | None = None, output_dir: str | Path | None = None,
             log.debug("build failed: %s", e)  # the CLI prints it; build_failed.log keeps it too
             raise
     return result
+
+
+def check_build(config: str | Path | dict[str, Any] | None, overrides: dict[str, Any]) -> str:
+    """Every check a build makes before it writes anything (config, model, data, evaluation), without
+    building; returns the effective config's hash. A sweep runs it for each trial before the first."""
+    eff = load_build_config(config, overrides)
+    cfg = eff.cfg
+    out = Path(cfg.output_dir)
+    ctx = BuildContext(cfg=cfg, data=eff.data, config_hash=eff.hash, output_dir=out,
+                       work_dir=Path(cfg.work_dir) if cfg.work_dir else out, stages=Stages(quiet=True), quiet=True)
+    if cfg.model_type == "QuantONNX":
+        from pulsar.quant.import_qdq import strip_qdq
+
+        ctx.import_quant = strip_qdq
+    _, calibration = preflight(ctx)
+    calibration.close()
+    return eff.hash
 
 
 def _run_compiled(ctx: BuildContext, qmodel: onnx.ModelProto, compiled: CompilerOutput) -> None:

@@ -229,6 +229,9 @@ def sweep(
             for r in rows]
     print_renderable(table(f"Sweep ({output_dir}/sweep.json)", ["trial", *fields, "status", "metric", "latency ms",
                                                                "pareto"], body), target=out_console)
+    if rows and not any(r["status"] == "ok" for r in rows):
+        raise PulsarError(f"every trial failed (trial {rows[0]['trial']}: {rows[0].get('error')}); each trial's "
+                          f"error is in {output_dir}/sweep.json")
 
 
 @app.command(help="Show a compiled model: inputs / outputs, subgraphs, target, estimate, versions.")

@@ -81,6 +81,11 @@ def check_evaluation(cfg: Any, model: onnx.ModelProto) -> None:
                 raise PulsarError(f"evaluation.labels: the metric {ev.metric} needs labels; give a .npy file with "
                                   "one label per sample")
             labels = _labels(ev.labels)
+            if acc.class_labels and (labels.dtype.kind not in "iub" or labels.ndim not in (1, 2)
+                                     or labels.ndim == 2 and labels.shape[1] != 1):
+                raise PulsarError(f"evaluation.labels: {ev.labels} holds {labels.dtype} labels of shape "
+                                  f"{list(labels.shape)}; {ev.metric} needs one integer class index per sample "
+                                  "(shape [N]), not one-hot or float labels: save np.argmax(one_hot, 1)")
             if labels.ndim == 0 or len(labels) < len(data):
                 raise PulsarError(f"evaluation.labels: {ev.labels} holds {0 if labels.ndim == 0 else len(labels)} "
                                   f"labels for {len(data)} samples; give one per sample, in sample order")
@@ -133,4 +138,9 @@ def _builtin(cfg: Any, model: onnx.ModelProto, sessions: dict[str, MetricSession
             n += 1
     finally:
         data.close()
-    return {k: accs[k].value() for k in MODELS}, n
+    values = {k: accs[k].value() for k in MODELS}
+    for k, v in values.items():
+        if not np.isfinite(v):
+            raise PulsarError(f"evaluation: the {ev.metric} of the {k} model is {v} (its output {output!r} holds "
+                              "NaN or inf on some sample); check the evaluation data, or use a plugin metric")
+    return values, n

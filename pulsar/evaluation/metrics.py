@@ -18,6 +18,7 @@ class Accumulator:
 
     needs_labels: bool = False
     needs_float: bool = False
+    class_labels: bool = False  # labels are one class index per sample (top1 / top5)
     total: float = 0.0
     count: int = 0
 
@@ -38,7 +39,7 @@ def _logits(out: np.ndarray) -> np.ndarray:
 
 class Top1(Accumulator):
     def __init__(self) -> None:
-        super().__init__(needs_labels=True)
+        super().__init__(needs_labels=True, class_labels=True)
 
     def score(self, out: np.ndarray, label: np.ndarray | None, ref: np.ndarray | None) -> float:
         return float(int(np.argmax(_logits(out))) == int(np.asarray(label).reshape(-1)[0]))
@@ -46,7 +47,7 @@ class Top1(Accumulator):
 
 class Top5(Accumulator):
     def __init__(self) -> None:
-        super().__init__(needs_labels=True)
+        super().__init__(needs_labels=True, class_labels=True)
 
     def score(self, out: np.ndarray, label: np.ndarray | None, ref: np.ndarray | None) -> float:
         top = np.argsort(-_logits(out), kind="stable")[:5]

@@ -65,11 +65,14 @@ def _import(target: str, field: str) -> Any:
             raise PulsarError(f"{field}: {target} cannot be loaded as a Python module")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
+        before, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ beside the user's file
         try:
             spec.loader.exec_module(module)
-        except Exception as exc:  # noqa: BLE001 - the plugin's own error, reported on one line
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the plugin's own error, reported on one line
             sys.modules.pop(name, None)
             raise PulsarError(f"{field}: importing {target} raised {type(exc).__name__}: {_first(exc)}") from None
+        finally:
+            sys.dont_write_bytecode = before
         return module
     try:
         return importlib.import_module(target)
@@ -91,7 +94,7 @@ def call_metric(fn: Metric, session: Any, what: str, field: str = "evaluation.me
         value = fn(session)
     except PulsarError:
         raise
-    except Exception as exc:  # noqa: BLE001
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - sys.exit() in a plugin must not end pulsar
         raise PulsarError(f"{field}: {label}() raised {type(exc).__name__} on the {what} model: {_first(exc)}; "
                           "fix the plugin") from None
     try:

@@ -1,16 +1,20 @@
 """``pulsar sweep``: builds over a search space, scored by one metric, with a Pareto report.
 
-Trials run in local worker processes (bounded by cores and memory), share one work directory (so
-the calibration statistics are computed once), are resumable (a trial whose ``trial.json`` holds the
-same settings and succeeded is not rebuilt) and never stop the sweep when they fail."""
+Every trial passes the checks a build makes before it writes (config, model, data, metric) before
+the first one runs. Trials run in local worker processes (bounded by cores and memory), share one
+work directory (the calibration statistics cache), are resumable (a trial whose ``trial.json`` holds
+the same settings and fingerprint and succeeded is not rebuilt) and never stop the sweep when they
+fail, even when their worker process dies."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -18,10 +22,12 @@ from typing import Any
 from pulsar.errors import PulsarError
 from pulsar.search.report import write_report
 from pulsar.search.space import check_trials, load_space, trials
-from pulsar.search.trial import run_trial
+from pulsar.search.trial import failed_row, run_trial
 
 log = logging.getLogger(__name__)
 GIB_PER_TRIAL = 2  # a build's working set on the example models, for the memory bound on workers
+DIED = ("its worker process died (killed, e.g. for memory, or the metric ended the process); rerun with fewer "
+        "--workers")
 
 __all__ = ["sweep"]
 
@@ -30,8 +36,6 @@ def _workers(requested: int | None, n: int) -> int:
     from pulsar.preflight import available_memory
 
     cores = os.cpu_count() or 1
-    if requested is not None and requested < 1:
-        raise PulsarError(f"--workers must be at least 1, got {requested}")
     free = available_memory()
     by_memory = max(1, free // (GIB_PER_TRIAL << 30)) if free else cores
     return max(1, min(requested or cores, cores, by_memory, n))
@@ -45,17 +49,57 @@ def _metric_of(config: Any, input: str | Path, out: Path, metric: str | None) ->
     if not name:
         raise PulsarError("a sweep needs a metric: pass --metric (a built-in name or module:function) or set "
                           "evaluation.metric in the base config")
+    target, sep, fn = str(name).rpartition(":")
+    if sep and target.endswith(".py"):  # workers (Ray ones included) may run elsewhere: an absolute file
+        return f"{Path(target).absolute()}:{fn}"
     return str(name)
 
 
-def _previous(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+def _stamp(path: str | Path) -> list[int] | None:
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _fingerprint(config_hash: str, metric: str, input: Path) -> str:
+    """What a finished trial's result depends on besides its settings: the effective config, the
+    metric (and its plugin file) and the model file. Any change rebuilds the trial on resume."""
+    target, sep, _ = metric.rpartition(":")
+    parts = {"config": config_hash, "metric": metric, "input": _stamp(input),
+             "plugin": _stamp(target) if sep and target.endswith(".py") else None}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _previous(path: Path, settings: dict[str, Any], fingerprint: str) -> dict[str, Any] | None:
     try:
         row = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(row, dict) or row.pop("fingerprint", None) != fingerprint:
+        return None
     if row.get("settings") != settings or row.get("status") != "ok":
         return None
     return dict(row, resumed=True)
+
+
+def _preflight(config: Any, settings: list[dict[str, Any]], fixed: dict[str, Any], out: Path,
+               metric_flag: bool) -> list[str]:
+    """Each trial through the checks a build makes before it writes; returns their config hashes."""
+    from pulsar.api import check_build
+
+    hashes = []
+    for k, s in enumerate(settings):
+        try:
+            hashes.append(check_build(config, {**fixed, **s, "output_dir": str(out / "trials" / str(k))}))
+        except PulsarError as exc:
+            text = str(exc)
+            if metric_flag and text.startswith("evaluation.metric:"):
+                text = "--metric:" + text.removeprefix("evaluation.metric:")
+            shown = f" ({', '.join(f'{f}={v!r}' for f, v in s.items())})" if len(settings) > 1 else ""
+            raise PulsarError(f"trial {k}{shown}: {text}" if k else text) from None
+    return hashes
 
 
 def sweep(input: str | Path, config: str | Path | dict[str, Any] | None, space: str | Path,
@@ -64,28 +108,35 @@ def sweep(input: str | Path, config: str | Path | dict[str, Any] | None, space: 
     """Run the sweep; returns the trial table (the ``trials`` of ``sweep.json``). ``ray``: a Ray address
     ("" or "local" starts a local instance) to run the trials on instead of local processes."""
     from pulsar.ui import setup_logging
+    from pulsar.utils.signals import terminate_as_interrupt
 
     setup_logging(quiet=quiet)
-    out = Path(output_dir)
+    if workers is not None and workers < 1:
+        raise PulsarError(f"--workers must be at least 1, got {workers}")
     if ray is not None:
+        if workers is not None:
+            raise PulsarError("--workers sets local worker processes; with --ray, Ray schedules one trial per free "
+                              "CPU of the cluster: drop --workers")
         from pulsar.search.ray_backend import require_ray
 
         require_ray()
+    # absolute paths: every worker (a Ray node included) resolves them alike, and the work dir stays in OUT
+    out, input = Path(output_dir).absolute(), Path(input).absolute()
+    if isinstance(config, str | Path):
+        config = Path(config).absolute()
     name = _metric_of(config, input, out, metric)
     settings = trials(load_space(space))
     fixed: dict[str, Any] = {"input": str(input), "work_dir": str(out / "work"), "evaluation.metric": name}
     check_trials(config, settings, {**fixed, "output_dir": str(out / "trials" / "0")}, space)
-    if name and ":" in name:
-        from pulsar.evaluation.plugins import load_metric
-
-        load_metric(name, "--metric")
-    cfg = str(config) if isinstance(config, str | Path) else config
-    jobs: list[dict[str, Any]] = [{"trial": k, "settings": s, "dir": str(out / "trials" / str(k)),
-                                   "input": str(input), "config": cfg, "fixed": fixed} for k, s in enumerate(settings)]
+    prints = [_fingerprint(h, name, input) for h in _preflight(config, settings, fixed, out, metric is not None)]
+    cfg = str(config) if isinstance(config, Path) else config
+    jobs: list[dict[str, Any]] = [{"trial": k, "settings": s, "dir": str(out / "trials" / str(k)), "input": str(input),
+                                   "config": cfg, "fixed": fixed, "fingerprint": prints[k]}
+                                  for k, s in enumerate(settings)]
     rows: dict[int, dict[str, Any]] = {}
     todo = []
     for job in jobs:
-        prev = _previous(Path(job["dir"]) / "trial.json", job["settings"])
+        prev = _previous(Path(job["dir"]) / "trial.json", job["settings"], job["fingerprint"])
         if prev is not None:
             rows[job["trial"]] = prev
         else:
@@ -96,44 +147,77 @@ def sweep(input: str | Path, config: str | Path | dict[str, Any] | None, space: 
     def stop(new_rows: list[dict[str, Any]]) -> bool:
         return _met(done_before + new_rows, target_metric)
 
-    if todo and not stop([]):
-        if ray is not None:
+    with terminate_as_interrupt():
+        if todo and stop([]):
+            results: Iterator[dict[str, Any]] = iter(_skipped(todo))
+        elif todo and ray is not None:
             from pulsar.search.ray_backend import run_on_ray
 
             results = run_on_ray(todo, ray, stop)
         else:
-            results = _run_local(todo, _workers(workers, len(todo)), stop)
+            n = _workers(workers, len(todo))
+            threads = max(1, (os.cpu_count() or 1) // n)
+            log.info("sweep: %d local worker processes, %d thread(s) each", n, threads)
+            results = _run_local([{**job, "threads": threads} for job in todo], n, stop)
         for row in results:
             rows[row["trial"]] = row
-            log.info("trial %d/%d %s: %s %s, %s ms", row["trial"], len(jobs), row["status"], name,
-                     row.get("metric"), row.get("latency_ms"))
+            log.info("trial %d/%d %s: %s %s, %s ms%s", row["trial"], len(jobs), row["status"], name,
+                     row.get("metric"), row.get("latency_ms"), f" ({row['error']})" if row.get("error") else "")
     table = [rows[k] for k in sorted(rows)]
     best = _best(table, target_metric)
     write_report(out, table, name, best)
     return table
 
 
+def _skipped(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [failed_row(job, "not run: a trial met --target-metric", status="skipped") for job in jobs]
+
+
 def _run_local(jobs: list[dict[str, Any]], n: int, stop: Callable[[list[dict[str, Any]]], bool]
                ) -> Iterator[dict[str, Any]]:
-    """Rows of ``jobs`` as they finish in ``n`` worker processes; none starts once ``stop(rows so far)``."""
+    """Rows of ``jobs`` as they finish in ``n`` worker processes; none starts once ``stop(rows so far)``.
+
+    A worker that dies (killed for memory, a plugin calling os._exit) breaks the pool: the trials in
+    flight then are failed rows and a fresh pool takes the rest."""
     rows: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn")) as pool:
+    queue = list(jobs)
+    while queue and not stop(rows):
+        pool = ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn"))
         pending: dict[Future[dict[str, Any]], dict[str, Any]] = {}
-        queue = list(jobs)
-        while queue or pending:
-            while queue and len(pending) < n and not stop(rows):
-                job = queue.pop(0)
-                pending[pool.submit(run_trial, job)] = job
-            if not pending:
-                break
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                pending.pop(fut)
-                rows.append(fut.result())
-                yield rows[-1]
-    for job in queue:
-        yield {"trial": job["trial"], "settings": job["settings"], "status": "skipped", "metric": None,
-               "latency_ms": None, "size_bytes": None, "build_s": None, "error": "not run: a trial met --target-metric"}
+        try:
+            while queue or pending:
+                while queue and len(pending) < n and not stop(rows):
+                    job = queue.pop(0)
+                    pending[pool.submit(run_trial, job)] = job
+                if not pending:
+                    break
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                broken = False
+                for fut in done:
+                    job = pending.pop(fut)
+                    try:
+                        rows.append(fut.result())
+                    except BrokenProcessPool:
+                        broken = True
+                        rows.append(failed_row(job, DIED))
+                    yield rows[-1]
+                if broken:  # every trial still in this pool died with it
+                    for job in pending.values():
+                        rows.append(failed_row(job, DIED))
+                        yield rows[-1]
+                    pending.clear()
+                    break
+        except BaseException:  # Ctrl-C / SIGTERM: stop the builds in flight now, not when they finish
+            _terminate(pool)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    yield from _skipped(queue)
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.terminate()
 
 
 def _met(rows: Any, target: float | None) -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pulsar.errors import PulsarError
+from pulsar.search.trial import failed_row
 from pulsar.utils.atomic import atomic_write_bytes
 
 LOCAL = ("", "local")  # start a local Ray instance
@@ -52,7 +53,7 @@ def run_on_ray(jobs: list[dict[str, Any]], address: str, stop: Callable[[list[di
     except Exception as exc:  # noqa: BLE001 - Ray's connection errors have many types
         raise PulsarError(f"--ray {address or 'local'}: cannot start or reach Ray ({exc}); check the address "
                           "(ray://host:10001 or host:6379) or run without --ray") from None
-    task = ray.remote(num_cpus=1)(_remote_trial)
+    task = ray.remote(num_cpus=1)(_remote_trial)  # one CPU and one thread: trial.py
     resources: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
     slots = max(1, int(resources.get("CPU", 1)))
     queue = list(jobs)
@@ -61,13 +62,17 @@ def run_on_ray(jobs: list[dict[str, Any]], address: str, stop: Callable[[list[di
     while queue or pending:
         while queue and len(pending) < slots and not stop(rows):
             job = queue.pop(0)
-            pending[task.remote({k: v for k, v in job.items() if k != "dir"} | {"dir": ""})] = job
+            pending[task.remote({k: v for k, v in job.items() if k != "dir"} | {"dir": "", "threads": 1})] = job
         if not pending:
             break
         done, _ = ray.wait(list(pending), num_returns=1)
         for ref in done:
             job = pending.pop(ref)
-            row, files = ray.get(ref)
+            try:
+                row, files = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - a worker that died (RayTaskError, WorkerCrashedError, ...)
+                row, files = failed_row(job, f"its Ray task failed: {type(exc).__name__}: "
+                                             f"{(str(exc).strip().splitlines() or [''])[0]}"), {}
             dest = Path(job["dir"])
             for rel, data in files.items():
                 target = dest / rel
@@ -76,5 +81,4 @@ def run_on_ray(jobs: list[dict[str, Any]], address: str, stop: Callable[[list[di
             rows.append(row)
             yield row
     for job in queue:
-        yield {"trial": job["trial"], "settings": job["settings"], "status": "skipped", "metric": None,
-               "latency_ms": None, "size_bytes": None, "build_s": None, "error": "not run: a trial met --target-metric"}
+        yield failed_row(job, "not run: a trial met --target-metric", status="skipped")

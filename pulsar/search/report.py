@@ -8,17 +8,24 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from pulsar.utils.atomic import atomic_write_bytes, atomic_write_text
 
 
+def _placed(r: dict[str, Any]) -> bool:
+    """A trial that has a point in the plot: it finished with a finite metric and a latency estimate."""
+    return (r["status"] == "ok" and isinstance(r.get("metric"), int | float) and math.isfinite(r["metric"])
+            and isinstance(r.get("latency_ms"), int | float))
+
+
 def pareto(rows: list[dict[str, Any]]) -> None:
     """Set ``pareto`` on every row: metric higher is better, ``latency_ms`` lower is better."""
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if _placed(r)]
     for r in rows:
-        r["pareto"] = r["status"] == "ok" and not any(
+        r["pareto"] = _placed(r) and not any(
             q["metric"] >= r["metric"] and q["latency_ms"] <= r["latency_ms"]
             and (q["metric"] > r["metric"] or q["latency_ms"] < r["latency_ms"]) for q in ok)
 
@@ -41,13 +48,15 @@ def _plot(rows: list[dict[str, Any]], metric: str) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if _placed(r)]
     front = sorted((r for r in ok if r["pareto"]), key=lambda r: r["latency_ms"])
     ax.scatter([r["latency_ms"] for r in ok], [r["metric"] for r in ok], color="#8aa", label="trial")
     ax.plot([r["latency_ms"] for r in front], [r["metric"] for r in front], "o-", color="#c33", label="Pareto front")
-    for r in ok:
-        ax.annotate(str(r["trial"]), (r["latency_ms"], r["metric"]), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+    points: dict[tuple[float, float], list[str]] = {}
+    for r in ok:  # trials that land on the same point share one label
+        points.setdefault((r["latency_ms"], r["metric"]), []).append(str(r["trial"]))
+    for xy, names in points.items():
+        ax.annotate(",".join(names), xy, fontsize=7, xytext=(3, 3), textcoords="offset points")
     floats = {float(r["metric_float"]) for r in ok if r.get("metric_float") is not None}
     if len(floats) == 1:  # every trial scores the same float model: the bar quantization is measured against
         ax.axhline(floats.pop(), color="#555", linestyle="--", linewidth=1, label="float model")
@@ -65,7 +74,7 @@ def _plot(rows: list[dict[str, Any]], metric: str) -> bytes:
 def _html(rows: list[dict[str, Any]], metric: str, png: bytes, best: int | None) -> str:
     fields = sorted({f for r in rows for f in r["settings"]})
     name = _short(metric)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["trial", *fields, "status", name, f"{name} (float)",
+    head = "".join(f"<th>{html.escape(h).replace('.', '.<wbr>')}</th>" for h in ["trial", *fields, "status", name, f"{name} (float)",
                                                            f"{name} (QDQ)", "latency ms", "size bytes", "build s",
                                                            "pareto"])
     body = []

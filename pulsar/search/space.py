@@ -18,6 +18,7 @@ from typing import Any
 from pulsar.config import load_build_config
 from pulsar.config.loader import read_config_file
 from pulsar.config.overrides import leaf_map
+from pulsar.config.sanity import check_raw
 from pulsar.errors import PulsarError, did_you_mean
 
 # set per trial by the sweep itself; a space may not vary them
@@ -53,9 +54,14 @@ def load_space(path: str | Path) -> Space:
     if not isinstance(raw, dict) or not raw:
         raise PulsarError(f"search space {path}: expected a mapping of dotted config fields to lists of values, "
                           "e.g. {\"quant.calibration_method\": [\"MinMax\", \"KL\"]}")
+    problems = check_raw(raw)  # keys that are not strings, duplicate keys, absurd numbers
+    if problems:
+        raise PulsarError(f"search space {path}: {problems[0]}")
     known = {flag.removeprefix("--"): leaf for flag, leaf in leaf_map().items()}
     space: Space = {}
     for key, values in raw.items():
+        if key.removeprefix("--") in space:
+            raise PulsarError(f"search space {path}: {key!r} is given twice (with and without '--'); give it once")
         if not isinstance(values, list) or not values:
             raise PulsarError(f"search space {path}: {key!r} must be a non-empty list of values, got {values!r}")
         name = key.removeprefix("--")

@@ -1,8 +1,8 @@
 """One trial: a build with the trial's settings in ``OUT/trials/<k>/``, scored and measured.
 
 Runs in a worker process. A trial that fails is a row with ``status`` "failed" and the error line,
-never an exception: the sweep goes on. ``trial.json`` in the trial's folder is what a resumed sweep
-reads to skip it."""
+never an exception: the sweep goes on. ``trial.json`` in the trial's folder (the row plus the
+trial's fingerprint) is what a resumed sweep reads to skip it."""
 
 from __future__ import annotations
 
@@ -15,14 +15,29 @@ from typing import Any
 from pulsar.utils.atomic import atomic_write_text
 
 
+def failed_row(job: dict[str, Any], error: str, status: str = "failed") -> dict[str, Any]:
+    """The row of a trial that has no result: ``error`` says why."""
+    return {"trial": job["trial"], "settings": job["settings"], "status": status, "metric": None,
+            "latency_ms": None, "size_bytes": None, "build_s": None, "error": error}
+
+
+def _set_threads(n: int) -> None:
+    """The trial's share of the cores for torch (fine-tuning, the simulator). Besides avoiding
+    oversubscription, it makes fine-tuning repeatable: its float sums depend on the thread count, so a
+    trial scores the same wherever it runs with the same count (a Ray task runs with one)."""
+    import torch
+
+    torch.set_num_threads(n)
+
+
 def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     import pulsar
     from pulsar.core.container import load_compiled
     from pulsar.errors import PulsarError
 
+    _set_threads(int(job.get("threads") or 1))
     out = Path(job["dir"])
-    row: dict[str, Any] = {"trial": job["trial"], "settings": job["settings"], "status": "failed", "metric": None,
-                           "latency_ms": None, "size_bytes": None, "build_s": None}
+    row = failed_row(job, "")
     t0 = time.perf_counter()
     try:
         built = pulsar.build(job["input"], out, job["config"], overrides={**job["settings"], **job["fixed"]},
@@ -32,11 +47,12 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
         row.update(status="ok", metric=ev["npu"], metric_float=ev["float"], metric_qdq=ev["qdq"],
                    latency_ms=est.get("time_ms") if isinstance(est, dict) else None,
                    size_bytes=built.compiled_model.stat().st_size)
+        del row["error"]
     except PulsarError as exc:
         row["error"] = str(exc)
-    except Exception as exc:  # noqa: BLE001 - a pulsar bug still must not end the sweep
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a pulsar bug or sys.exit() still must not end the sweep
         row["error"] = f"{type(exc).__name__}: {exc} ({traceback.format_exc(limit=1).splitlines()[-1]})"
     row["build_s"] = round(time.perf_counter() - t0, 2)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "trial.json", json.dumps(row, indent=1) + "\n")
+    atomic_write_text(out / "trial.json", json.dumps({**row, "fingerprint": job.get("fingerprint")}, indent=1) + "\n")
     return row

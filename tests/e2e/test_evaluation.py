@@ -92,6 +92,7 @@ BAD_PLUGINS = {
     "NaN": ("{plugin}:nan", "nan() returned nan on the float model"),
     "not a number": ("{plugin}:text", "returned str on the float model, not a number"),
     "unknown built-in": ("top3", "'top3' is not a built-in metric"),
+    "sys.exit at import": ("{exits}:m", "importing {exits} raised SystemExit"),
 }
 
 
@@ -102,9 +103,11 @@ def test_bad_metrics_are_one_error_line(tiny, tiny_config, tmp_path, case: str) 
                       "def boom(s):\n    raise RuntimeError('bad data')\n"
                       "def nan(s):\n    return float('nan')\n"
                       "def text(s):\n    return 'high'\n")
-    spec, needle = BAD_PLUGINS[case]
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(3)\n")
+    spec, needle = (t.format(plugin=plugin, exits=exits) for t in BAD_PLUGINS[case])
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(json.dumps({**tiny_config, "evaluation": {"metric": spec.format(plugin=plugin)}}))
+    cfg.write_text(json.dumps({**tiny_config, "evaluation": {"metric": spec}}))
     proc = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(tiny["model"]), "--config",
                            str(cfg), "--output_dir", str(tmp_path / "out")], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "COLUMNS": "200"})
@@ -113,6 +116,20 @@ def test_bad_metrics_are_one_error_line(tiny, tiny_config, tmp_path, case: str) 
     assert len(errors) == 1 and needle in errors[0] and "evaluation.metric" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out" / "compiled.pulsar").exists()
+    assert not (tmp_path / "__pycache__").exists()  # importing the plugin file left nothing beside it
+
+
+def test_top1_labels_must_be_class_indices(tiny, tiny_config, evalset, tmp_path) -> None:
+    onehot = np.eye(10, dtype=np.float32)[evalset["y"]]  # perfect one-hot labels would score 0 if read as indices
+    for name, labels in (("onehot", onehot), ("float", evalset["y"].astype(np.float32))):
+        np.save(tmp_path / f"{name}.npy", labels)
+        cfg = _config(tiny_config, evalset, "top1", labels=str(tmp_path / f"{name}.npy"))
+        with pytest.raises(PulsarError, match=r"evaluation.labels: .* needs one integer class index per sample"):
+            pulsar.build(tiny["model"], tmp_path / name, cfg, quiet=True)
+        assert not (tmp_path / name).exists()
+    np.save(tmp_path / "column.npy", evalset["y"][:, None])  # [N, 1] integer labels are fine
+    pulsar.build(tiny["model"], tmp_path / "column", _config(tiny_config, evalset, "top1",
+                                                              labels=str(tmp_path / "column.npy")), quiet=True)
 
 
 def test_evaluation_settings_without_a_metric_or_labels_are_refused(tiny, tiny_config, evalset, tmp_path) -> None:

@@ -93,6 +93,8 @@ def test_target_metric_stops_launching_and_names_the_fastest(tiny, base, space, 
     ("quant.calibration_method: KL\n", "must be a non-empty list of values"),
     ("quant.calibration_method: [3]\n", "trial 0 (quant.calibration_method=3)"),
     ("output_dir: [a]\n", "is set by the sweep itself"),
+    ("1: [a]\n", "key 1 is not a string"),
+    ("npu_mode: [NPU1]\nnpu_mode: [NPU2]\n", "npu_mode: duplicate key"),
     ("lsq:\n  - {quant.enable_lsq: true, quant.finetune_epoch: 3}\n",
      "group 'lsq', item 0: 'quant.finetune_epoch' is not a config field (did you mean \"quant.finetune_epochs\"?)"),
     ("lsq: [{quant.enable_lsq: true}, 3]\n", "group 'lsq': item 1 must be a mapping"),
@@ -130,6 +132,84 @@ def test_a_group_sets_its_fields_together_in_one_trial(tiny, base, tmp_path) -> 
         assert ("LSQ" in log) == r["settings"]["quant.enable_lsq"], log
     html = (tmp_path / "out" / "sweep.html").read_text()
     assert "quant.finetune_epochs" in html and "null" not in html  # a field a trial does not set is blank
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    ({"--metric": "toop1"}, "--metric: 'toop1' is not a built-in metric"),
+    ({"--metric": "top1"}, "evaluation.labels: the metric top1 needs labels"),
+    ({"--input": "missing.onnx"}, "missing.onnx"),
+    ({"--workers": "2", "--ray": None}, "--workers sets local worker processes"),
+])
+def test_mistakes_every_trial_would_hit_are_one_error_line_before_any_trial(tiny, base, space, tmp_path, args,
+                                                                            needle) -> None:
+    opts = {"--input": str(tiny["model"]), "--config": str(base), "--space": str(space), "--output_dir": "out",
+            **args}
+    argv = [a for k, v in opts.items() for a in ([k] if v is None else [k, v])]
+    proc = subprocess.run([sys.executable, "-m", "pulsar", "sweep", *argv], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env={**os.environ, "COLUMNS": "200",
+                                                          "PYTHONPATH": str(Path.cwd())})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dying_worker_is_a_failed_row_and_the_sweep_goes_on(tiny, tiny_config, tmp_path) -> None:
+    """A metric that kills its process (as the OOM killer would) or calls sys.exit: failed rows with
+    the reason, a fresh pool for the next trial, the report written, and the CLI's one error line."""
+    plugin = tmp_path / "deadly.py"
+    plugin.write_text("import os, signal, sys\n"
+                      "def killed(session):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+                      "def exits(session):\n    sys.exit(3)\n")
+    space = tmp_path / "space.yaml"
+    space.write_text("npu_mode: [NPU1, NPU2]\n")
+    base = tmp_path / "base.json"  # no evaluation data: a plugin reads its own
+    base.write_text(json.dumps(tiny_config))
+    rows = pulsar.sweep(tiny["model"], base, space, tmp_path / "a", metric=f"{plugin}:killed", workers=1, quiet=True)
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert all("worker process died" in r["error"] for r in rows), rows
+    assert json.loads((tmp_path / "a" / "sweep.json").read_text())["trials"] == rows
+    proc = subprocess.run([sys.executable, "-m", "pulsar", "sweep", "--input", str(tiny["model"]), "--config",
+                           str(base), "--space", str(space), "--output_dir", str(tmp_path / "b"), "--metric",
+                           f"{plugin}:exits"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "every trial failed" in errors[0] and "exits() raised SystemExit" in errors[0], \
+        proc.stderr
+    assert (tmp_path / "b" / "sweep.json").is_file()
+
+
+def test_resume_rebuilds_a_trial_whose_metric_or_model_changed(tiny, base, tmp_path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("npu_mode: [NPU1]\n")
+    out = tmp_path / "out"
+    first = pulsar.sweep(tiny["model"], base, space, out, quiet=True)
+    again = pulsar.sweep(tiny["model"], base, space, out, metric="top1_agreement", quiet=True)
+    assert not again[0].get("resumed") and again[0]["metric"] == 1.0 != first[0]["metric"]
+    assert json.loads((out / "trials" / "0" / "evaluation.json").read_text())["metric"] == "top1_agreement"
+    assert pulsar.sweep(tiny["model"], base, space, out, metric="top1_agreement", quiet=True)[0]["resumed"]
+    model = tmp_path / "model.onnx"  # the same settings on another model file: rebuilt
+    model.write_bytes(Path(tiny["model"]).read_bytes())
+    assert not pulsar.sweep(model, base, space, out, metric="top1_agreement", quiet=True)[0].get("resumed")
+
+
+def test_a_resumed_sweep_that_met_its_target_still_lists_every_trial(tiny, base, space, tmp_path) -> None:
+    out = tmp_path / "out"
+    first = pulsar.sweep(tiny["model"], base, space, out, workers=1, target_metric=0.0, quiet=True)
+    again = pulsar.sweep(tiny["model"], base, space, out, workers=1, target_metric=0.0, quiet=True)
+    assert len(again) == len(first) == 6 and [r["status"] for r in again] == ["ok"] + ["skipped"] * 5
+    assert again[0]["resumed"]
+
+
+def test_the_front_holds_only_finished_trials_with_a_finite_metric() -> None:
+    from pulsar.search.report import pareto
+
+    rows = [{"trial": k, "status": s, "metric": m, "latency_ms": t} for k, (s, m, t) in enumerate([
+        ("ok", float("nan"), 5.0), ("ok", 0.9, 1.0), ("ok", 0.8, 2.0), ("ok", 0.95, None), ("failed", None, None),
+        ("ok", 0.97, 3.0)])]
+    pareto(rows)
+    assert [r["pareto"] for r in rows] == [False, True, False, False, False, True]
 
 
 def test_a_sweep_needs_a_metric(tiny, tiny_config, space, tmp_path) -> None:
