@@ -72,7 +72,8 @@ def digits(tmp_path_factory) -> dict:
     y = d.target.astype(np.int64)
     net = _train(x[:N_TRAIN], y[:N_TRAIN])
     model = root / "digits.onnx"
-    torch.onnx.export(net,  # the legacy exporter: plain opset-17 ops, no external data (torch.from_numpy(x[:1]),), str(model), input_names=["digit"], output_names=["logits"],
+    # the legacy exporter: plain opset-17 ops, no external data
+    torch.onnx.export(net, (torch.from_numpy(x[:1]),), str(model), input_names=["digit"], output_names=["logits"],
                       opset_version=17, dynamo=False)
     calib, evald = root / "calib", root / "eval"
     calib.mkdir()
