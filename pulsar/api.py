@@ -89,12 +89,16 @@ def build(input: str | Path | None = None, output_dir: str | Path | None = None,
     return result
 
 
-def check_build(config: str | Path | dict[str, Any] | None, overrides: dict[str, Any]) -> str:
-    """Every check a build makes before it writes anything (config, model, data, evaluation), without
-    building; returns the effective config's hash. A sweep runs it for each trial before the first."""
+def check_build(config: str | Path | dict[str, Any] | None, overrides: dict[str, Any]) -> Any:
+    """Every check a build makes before it writes anything (config, output and work dirs, model, data,
+    evaluation), without building; returns the effective config. A sweep runs it for each trial
+    before the first."""
     eff = load_build_config(config, overrides)
     cfg = eff.cfg
     out = Path(cfg.output_dir)
+    check_dir_path(out, "output_dir")
+    if cfg.work_dir:
+        check_dir_path(Path(cfg.work_dir), "work_dir")
     ctx = BuildContext(cfg=cfg, data=eff.data, config_hash=eff.hash, output_dir=out,
                        work_dir=Path(cfg.work_dir) if cfg.work_dir else out, stages=Stages(quiet=True), quiet=True)
     if cfg.model_type == "QuantONNX":
@@ -103,7 +107,7 @@ def check_build(config: str | Path | dict[str, Any] | None, overrides: dict[str,
         ctx.import_quant = strip_qdq
     _, calibration = preflight(ctx)
     calibration.close()
-    return eff.hash
+    return eff
 
 
 def _run_compiled(ctx: BuildContext, qmodel: onnx.ModelProto, compiled: CompilerOutput) -> None:

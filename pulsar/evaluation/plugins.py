@@ -54,26 +54,19 @@ def _sig(fn: Callable[..., Any]) -> str:
         return "(...)"
 
 
+_FILES: dict[tuple[str, int, int], Any] = {}  # (resolved path, size, mtime) -> module: a file runs once
+
+
 def _import(target: str, field: str) -> Any:
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():
             raise PulsarError(f"{field}: plugin file {target} does not exist; check the path")
-        name = f"pulsar_metric_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise PulsarError(f"{field}: {target} cannot be loaded as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        before, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ beside the user's file
-        try:
-            spec.loader.exec_module(module)
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the plugin's own error, reported on one line
-            sys.modules.pop(name, None)
-            raise PulsarError(f"{field}: importing {target} raised {type(exc).__name__}: {_first(exc)}") from None
-        finally:
-            sys.dont_write_bytecode = before
-        return module
+        st = path.stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in _FILES:
+            _FILES[key] = _exec_file(path, target, field)
+        return _FILES[key]
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as exc:
@@ -81,6 +74,25 @@ def _import(target: str, field: str) -> Any:
                           "path instead (path/to/file.py:function)") from None
     except Exception as exc:  # noqa: BLE001
         raise PulsarError(f"{field}: importing {target} raised {type(exc).__name__}: {_first(exc)}") from None
+
+
+def _exec_file(path: Path, target: str, field: str) -> Any:
+    """Run a plugin file as a module of its own (never written as bytecode beside the user's file)."""
+    name = f"pulsar_metric_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise PulsarError(f"{field}: {target} cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    before, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the plugin's own error, reported on one line
+        sys.modules.pop(name, None)
+        raise PulsarError(f"{field}: importing {target} raised {type(exc).__name__}: {_first(exc)}") from None
+    finally:
+        sys.dont_write_bytecode = before
+    return module
 
 
 def _first(exc: BaseException) -> str:

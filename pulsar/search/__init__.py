@@ -23,6 +23,7 @@ from pulsar.errors import PulsarError
 from pulsar.search.report import write_report
 from pulsar.search.space import check_trials, load_space, trials
 from pulsar.search.trial import failed_row, run_trial
+from pulsar.utils.outdir import check_dir_path
 
 log = logging.getLogger(__name__)
 GIB_PER_TRIAL = 2  # a build's working set on the example models, for the memory bound on workers
@@ -63,12 +64,17 @@ def _stamp(path: str | Path) -> list[int] | None:
     return [st.st_size, st.st_mtime_ns]
 
 
-def _fingerprint(config_hash: str, metric: str, input: Path) -> str:
+def _fingerprint(eff: Any, metric: str, input: Path) -> str:
     """What a finished trial's result depends on besides its settings: the effective config, the
-    metric (and its plugin file) and the model file. Any change rebuilds the trial on resume."""
+    metric (and its plugin file), the model file, a target profile file and constant data files.
+    Any change rebuilds the trial on resume."""
     target, sep, _ = metric.rpartition(":")
-    parts = {"config": config_hash, "metric": metric, "input": _stamp(input),
-             "plugin": _stamp(target) if sep and target.endswith(".py") else None}
+    cfg = eff.cfg
+    profile = Path(str(cfg.target_hardware))
+    parts = {"config": eff.hash, "metric": metric, "input": _stamp(input),
+             "plugin": _stamp(target) if sep and target.endswith(".py") else None,
+             "profile": _stamp(profile) if profile.suffix.lower() in (".yaml", ".yml", ".json") else None,
+             "consts": [_stamp(c.data_path) for c in cfg.const_processors or () if getattr(c, "data_path", None)]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -85,21 +91,36 @@ def _previous(path: Path, settings: dict[str, Any], fingerprint: str) -> dict[st
 
 
 def _preflight(config: Any, settings: list[dict[str, Any]], fixed: dict[str, Any], out: Path,
-               metric_flag: bool) -> list[str]:
-    """Each trial through the checks a build makes before it writes; returns their config hashes."""
+               metric_flag: bool) -> list[Any]:
+    """Each trial through the checks a build makes before it writes; returns their effective configs.
+    A mistake every trial shares is reported plainly, one of a trial's own settings with the trial."""
     from pulsar.api import check_build
 
-    hashes = []
-    for k, s in enumerate(settings):
+    def check(k: int) -> Any:
         try:
-            hashes.append(check_build(config, {**fixed, **s, "output_dir": str(out / "trials" / str(k))}))
+            return check_build(config, {**fixed, **settings[k], "output_dir": str(out / "trials" / str(k))})
         except PulsarError as exc:
             text = str(exc)
             if metric_flag and text.startswith("evaluation.metric:"):
                 text = "--metric:" + text.removeprefix("evaluation.metric:")
-            shown = f" ({', '.join(f'{f}={v!r}' for f, v in s.items())})" if len(settings) > 1 else ""
-            raise PulsarError(f"trial {k}{shown}: {text}" if k else text) from None
-    return hashes
+            return PulsarError(text)
+
+    effs = []
+    for k, s in enumerate(settings):
+        if k == 1:
+            logging.disable(logging.WARNING)  # the same warnings as trial 0's: shown once
+        try:
+            eff = check(k)
+            if isinstance(eff, PulsarError):
+                other = check(1 if k == 0 else 0) if len(settings) > 1 else eff
+                if isinstance(other, PulsarError) and str(other) == str(eff):
+                    raise eff  # every trial would hit it
+                shown = ", ".join(f"{f}={v!r}" for f, v in s.items())
+                raise PulsarError(f"trial {k} ({shown}): {eff}")
+        finally:
+            logging.disable(logging.NOTSET)
+        effs.append(eff)
+    return effs
 
 
 def sweep(input: str | Path, config: str | Path | dict[str, Any] | None, space: str | Path,
@@ -128,7 +149,8 @@ def sweep(input: str | Path, config: str | Path | dict[str, Any] | None, space: 
     settings = trials(load_space(space))
     fixed: dict[str, Any] = {"input": str(input), "work_dir": str(out / "work"), "evaluation.metric": name}
     check_trials(config, settings, {**fixed, "output_dir": str(out / "trials" / "0")}, space)
-    prints = [_fingerprint(h, name, input) for h in _preflight(config, settings, fixed, out, metric is not None)]
+    check_dir_path(out, "--output_dir")
+    prints = [_fingerprint(e, name, input) for e in _preflight(config, settings, fixed, out, metric is not None)]
     cfg = str(config) if isinstance(config, Path) else config
     jobs: list[dict[str, Any]] = [{"trial": k, "settings": s, "dir": str(out / "trials" / str(k)), "input": str(input),
                                    "config": cfg, "fixed": fixed, "fingerprint": prints[k]}
@@ -186,13 +208,17 @@ def _run_local(jobs: list[dict[str, Any]], n: int, stop: Callable[[list[dict[str
         pending: dict[Future[dict[str, Any]], dict[str, Any]] = {}
         try:
             while queue or pending:
+                broken = False
                 while queue and len(pending) < n and not stop(rows):
-                    job = queue.pop(0)
-                    pending[pool.submit(run_trial, job)] = job
+                    try:
+                        pending[pool.submit(run_trial, queue[0])] = queue[0]
+                    except BrokenProcessPool:  # a worker died since the last wait: this job waits for a new pool
+                        broken = True
+                        break
+                    queue.pop(0)
                 if not pending:
                     break
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                broken = False
+                done = set(pending) if broken else wait(pending, return_when=FIRST_COMPLETED)[0]
                 for fut in done:
                     job = pending.pop(fut)
                     try:
@@ -200,6 +226,8 @@ def _run_local(jobs: list[dict[str, Any]], n: int, stop: Callable[[list[dict[str
                     except BrokenProcessPool:
                         broken = True
                         rows.append(failed_row(job, DIED))
+                    except Exception as exc:  # noqa: BLE001 - a trial that could not even report: still a row
+                        rows.append(failed_row(job, f"{type(exc).__name__}: {exc}"))
                     yield rows[-1]
                 if broken:  # every trial still in this pool died with it
                     for job in pending.values():

@@ -53,7 +53,8 @@ def run_on_ray(jobs: list[dict[str, Any]], address: str, stop: Callable[[list[di
     except Exception as exc:  # noqa: BLE001 - Ray's connection errors have many types
         raise PulsarError(f"--ray {address or 'local'}: cannot start or reach Ray ({exc}); check the address "
                           "(ray://host:10001 or host:6379) or run without --ray") from None
-    task = ray.remote(num_cpus=1)(_remote_trial)  # one CPU and one thread: trial.py
+    # one CPU and one thread (trial.py); no retries: a trial that kills its worker is a failed row, as locally
+    task = ray.remote(num_cpus=1, max_retries=0)(_remote_trial)
     resources: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
     slots = max(1, int(resources.get("CPU", 1)))
     queue = list(jobs)

@@ -42,7 +42,10 @@ def _group(known: dict[str, Any], key: str, values: list[Any], path: str | Path)
     for i, option in enumerate(values):
         if not isinstance(option, dict) or not option:
             raise PulsarError(f"{where}: item {i} must be a mapping of dotted config fields to values, got {option!r}")
-        options.append({_field(known, f, f"{where}, item {i}"): v for f, v in option.items()})
+        fields = [_field(known, f, f"{where}, item {i}") for f in option]
+        if len(set(fields)) < len(fields):
+            raise PulsarError(f"{where}, item {i}: a field is given twice (with and without '--'); give it once")
+        options.append(dict(zip(fields, option.values(), strict=True)))
     return options
 
 

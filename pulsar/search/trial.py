@@ -35,11 +35,11 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     from pulsar.core.container import load_compiled
     from pulsar.errors import PulsarError
 
-    _set_threads(int(job.get("threads") or 1))
     out = Path(job["dir"])
     row = failed_row(job, "")
     t0 = time.perf_counter()
     try:
+        _set_threads(int(job.get("threads") or 1))
         built = pulsar.build(job["input"], out, job["config"], overrides={**job["settings"], **job["fixed"]},
                              quiet=True)
         ev = json.loads((out / "evaluation.json").read_text())
@@ -53,6 +53,10 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a pulsar bug or sys.exit() still must not end the sweep
         row["error"] = f"{type(exc).__name__}: {exc} ({traceback.format_exc(limit=1).splitlines()[-1]})"
     row["build_s"] = round(time.perf_counter() - t0, 2)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "trial.json", json.dumps({**row, "fingerprint": job.get("fingerprint")}, indent=1) + "\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "trial.json", json.dumps({**row, "fingerprint": job.get("fingerprint")}, indent=1)
+                          + "\n")
+    except OSError as exc:  # the row still reaches the report; only resuming this trial is lost
+        row.setdefault("error", f"trial.json not written: {exc}")
     return row

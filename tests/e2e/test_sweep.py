@@ -99,6 +99,7 @@ def test_target_metric_stops_launching_and_names_the_fastest(tiny, base, space, 
      "group 'lsq', item 0: 'quant.finetune_epoch' is not a config field (did you mean \"quant.finetune_epochs\"?)"),
     ("lsq: [{quant.enable_lsq: true}, 3]\n", "group 'lsq': item 1 must be a mapping"),
     ("quant.enable_lsq: [true]\nlsq: [{quant.enable_lsq: false}]\n", "is set by both 'quant.enable_lsq' and 'lsq'"),
+    ("lsq: [{--quant.enable_lsq: true, quant.enable_lsq: false}]\n", "item 0: a field is given twice"),
     ("quant.enable_lsq: [false, true]\nquant.finetune_epochs: [3]\n",
      "trial 0 (quant.enable_lsq=False, quant.finetune_epochs=3)"),
 ])
@@ -139,19 +140,21 @@ def test_a_group_sets_its_fields_together_in_one_trial(tiny, base, tmp_path) -> 
     ({"--metric": "top1"}, "evaluation.labels: the metric top1 needs labels"),
     ({"--input": "missing.onnx"}, "missing.onnx"),
     ({"--workers": "2", "--ray": None}, "--workers sets local worker processes"),
+    ({"--output_dir": "a_file/out"}, "a_file"),
 ])
 def test_mistakes_every_trial_would_hit_are_one_error_line_before_any_trial(tiny, base, space, tmp_path, args,
                                                                             needle) -> None:
     opts = {"--input": str(tiny["model"]), "--config": str(base), "--space": str(space), "--output_dir": "out",
             **args}
     argv = [a for k, v in opts.items() for a in ([k] if v is None else [k, v])]
+    (tmp_path / "a_file").write_text("not a folder")
     proc = subprocess.run([sys.executable, "-m", "pulsar", "sweep", *argv], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, env={**os.environ, "COLUMNS": "200",
                                                           "PYTHONPATH": str(Path.cwd())})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and (tmp_path / "a_file").read_text() == "not a folder"
 
 
 def test_a_dying_worker_is_a_failed_row_and_the_sweep_goes_on(tiny, tiny_config, tmp_path) -> None:
