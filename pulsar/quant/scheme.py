@@ -126,23 +126,47 @@ def weight_quant(name: str, w: np.ndarray, axis: int, dtype: str = "S8",
     return tq, q
 
 
+def bias_axis(shape: tuple[int, ...], channels: int) -> int | None:
+    """The axis of a bias of ``shape`` that runs along the ``channels`` output channels, or None when
+    it does not vary along them (a scalar, ``[1]`` beside several channels, ``[M, 1]``). A bias
+    broadcasts against the output from the right, so its channel axis is its last one: ``[N]`` -> 0,
+    ``[1, N]`` and ``[M, N]`` -> 1."""
+    if not shape or shape[-1] != channels or (channels == 1 and len(shape) > 1):
+        return None
+    return len(shape) - 1
+
+
+def bias_scale(in_scale: float, w_scale: np.ndarray, axis: int | None) -> np.ndarray:
+    """The int32 grid of a bias: input scale x weight scale per channel; one step (the finest channel's)
+    when the bias does not run along the channels."""
+    scale = np.maximum(np.float64(in_scale) * np.asarray(w_scale, np.float64).reshape(-1), MIN_SCALE)
+    return scale if axis is not None else np.asarray(scale.min())
+
+
 def bias_fits_s32(b: np.ndarray, in_scale: float, w_scale: np.ndarray) -> bool:
     """Whether the bias is representable on the accumulator grid in int32. With 16-bit inputs and
     weights the grid step is ~1e-9 and a bias of a few units overflows: such biases stay float in the
     QDQ model (an NPU adds them in its wider accumulator)."""
-    scale = np.maximum(np.float64(in_scale) * w_scale.astype(np.float64), MIN_SCALE)
+    w_scale = np.asarray(w_scale).reshape(-1)
+    axis = bias_axis(tuple(b.shape), w_scale.size)
+    scale = bias_scale(in_scale, w_scale, axis)
     return bool(np.all(np.abs(b.astype(np.float64) / scale) <= DTYPES["S32"][1]))
 
 
 def bias_quant(name: str, b: np.ndarray, in_scale: float, w_scale: np.ndarray) -> tuple[TensorQuant, np.ndarray]:
-    """int32 bias on the accumulator's grid (input scale x weight scale)."""
-    scale = (np.float64(in_scale) * w_scale.astype(np.float64)).astype(np.float32)
-    scale = np.maximum(scale, MIN_SCALE)
-    if scale.size != b.size:
-        scale = np.broadcast_to(scale, b.shape).copy()
+    """int32 bias on the accumulator's grid (input scale x weight scale), in the bias's own shape:
+    per channel along its channel axis (:func:`bias_axis`), else per tensor on the finest channel's step."""
+    w_scale = np.asarray(w_scale).reshape(-1)
+    axis = bias_axis(tuple(b.shape), w_scale.size)
+    scale = bias_scale(in_scale, w_scale, axis).astype(np.float32)
     qmin, qmax = DTYPES["S32"][:2]
-    q = np.clip(np.round(b.astype(np.float64) / scale), qmin, qmax).astype(np.int32)
-    tq = TensorQuant(name, "S32", scale, np.zeros(scale.shape, dtype=np.int32), axis=0, symmetric=True, kind="bias")
+    shape = [1] * b.ndim
+    if axis is not None:
+        shape[axis] = -1
+    q = np.clip(np.round(b.astype(np.float64) / scale.astype(np.float64).reshape(shape if axis is not None else ())),
+                qmin, qmax).astype(np.int32)
+    tq = TensorQuant(name, "S32", scale, np.zeros(scale.shape, dtype=np.int32), axis=axis, symmetric=True,
+                     kind="bias")
     return tq, q
 
 

@@ -175,7 +175,9 @@ class QuantExecutor:
         if tq.kind == "bias":
             act, w = self.bias_of[name]
             scale = self.act_scale(act) * self.weights[w].scale()
-            return fake_quant(x, scale, torch.zeros_like(scale), tq.qmin, tq.qmax, 0 if scale.dim() else None)
+            if tq.axis is None:  # a bias that does not run along the channels: the finest channel's step
+                scale = scale.min()
+            return fake_quant(x, scale, torch.zeros_like(scale), tq.qmin, tq.qmax, tq.axis if scale.dim() else None)
         fixed = self._fixed.get(name)
         if fixed is None:  # a constant operand on its calibrated grid: quantized once
             fixed = self._fixed[name] = fake_quant(x, self._tensor(tq.scale), self._zero_point(name, tq), tq.qmin,
