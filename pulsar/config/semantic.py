@@ -49,8 +49,16 @@ def check_against_model(cfg: Any, model: onnx.ModelProto, source: str = "config"
         need(f"output_processors[{i}].tensor_name", p.tensor_name, outputs, "an output", True)
     for i, p in enumerate(cfg.op_processors):
         need(f"op_processors[{i}].op_name", p.op_name, nodes, "a layer (node name)")
+    frozen = {}
     for i, p in enumerate(cfg.const_processors):
-        need(f"const_processors[{i}].name", p.name, constants, "a constant")
+        need(f"const_processors[{i}].name", p.name, constants | set(inputs), "a constant or an input")
+        if p.name in inputs:
+            frozen[p.name] = i
+    for i, ic in enumerate(cfg.quant.input_configs):
+        if ic.tensor_name in frozen:
+            problems.append(f"quant.input_configs[{i}].tensor_name: input '{ic.tensor_name}' is fixed by "
+                            f"const_processors[{frozen[ic.tensor_name]}] and no longer read from data; remove "
+                            "this entry")
     for i, sc in enumerate(cfg.compiler.sub_configs):
         for key in ("start_tensor_names", "end_tensor_names"):
             for t in _names_list(getattr(sc, key)):

@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 import onnxruntime as ort
 
+from pulsar.core.ort_errors import ort_guard
 from pulsar.core.ort_options import reference_session_options
 from pulsar.core.tensors import TensorInfo
 
@@ -28,18 +29,24 @@ _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tens
                "tensor(bool)": np.bool_}
 
 
+_FIX = "check the evaluation data given to that input (its values, not only its shape)"
+
+
 class OrtSession:
     """An ONNX file in onnxruntime (CPU); ``qdq`` keeps Q/DQ as float math (no integer fusion)."""
 
     def __init__(self, path: str | Path, *, qdq: bool = False) -> None:
         opts = reference_session_options() if qdq else ort.SessionOptions()
-        self._sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self._what = f"running {path}"
+        with ort_guard(f"loading {path}", _FIX):
+            self._sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self.inputs = [TensorInfo(i.name, tuple(d if isinstance(d, int) else -1 for d in i.shape),
                                   np.dtype(_ORT_DTYPES.get(i.type, np.float32))) for i in self._sess.get_inputs()]
         self._names = [o.name for o in self._sess.get_outputs()]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self._names, self._sess.run(self._names, feeds), strict=True))
+        with ort_guard(self._what, _FIX):
+            return dict(zip(self._names, self._sess.run(self._names, feeds), strict=True))
 
 
 class CompiledSession:

@@ -15,6 +15,8 @@ from onnx import numpy_helper
 
 from pulsar.config.semantic import check_layer_configs
 from pulsar.context import BuildContext
+from pulsar.core.ort_errors import ort_guard
+from pulsar.core.ort_options import reference_session_options
 from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.algorithms import auto_mixed_precision
 from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
@@ -22,11 +24,13 @@ from pulsar.quant.algorithms.easy_quant import easy_quant, update_params
 from pulsar.quant.algorithms.refine_scale import refine_input_ranges
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
+from pulsar.quant.analysis.metrics import POOR_SLICE_DB, Accumulator, poor_slices
 from pulsar.quant.attention import masked_range, masked_scores, true_scores
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
 from pulsar.quant.finetune import finetune_enabled, run_finetune
 from pulsar.quant.graph import QuantGraph
+from pulsar.quant.joins import join_presets
 from pulsar.quant.layer_configs import resolve_layer_precision, show_layer_config_table
 from pulsar.quant.plan import QuantPlan, make_plan
 from pulsar.quant.precision import DEFAULT_DTYPE, HIGHEST_DTYPE, NodePrecision
@@ -115,6 +119,68 @@ def check_dtypes(qmodel: onnx.ModelProto, params: dict[str, TensorQuant]) -> int
     if missing:
         raise RuntimeError(f"quant check: no Q/DQ for {missing[:3]}")
     return checked
+
+
+SLICE_CHECK_SAMPLES = 8
+
+
+def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: bool) -> None:
+    """Every build runs its own QDQ model in onnxruntime (Q/DQ as float math) on a few calibration
+    samples before writing it: a build never ends with a quant/quantized.onnx that cannot run. The
+    outputs are compared with the float model's per slice (channel and last-axis index), and a slice
+    that lost most of its signal is a warning naming the tensor, the slice and the layer_configs fix."""
+    import onnxruntime as ort
+
+    samples = list(islice(iter(ctx.calibration), SLICE_CHECK_SAMPLES))
+    fix = ("check the quant_op_processors patch of that node" if patched else
+           "keep that node's layer in float with a quant.layer_configs entry "
+           '{"layer_name": ..., "data_type": "FP32"} and report the model to pulsar')
+    what = "running the quantized model quant/quantized.onnx"
+    with ort_guard(what, fix):
+        qsess = ort.InferenceSession(qmodel.SerializeToString(), reference_session_options(),
+                                     providers=["CPUExecutionProvider"])
+    fsess = ort.InferenceSession(ctx.model.SerializeToString(), reference_session_options(),
+                                 providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in qsess.get_inputs()}
+    names = [o.name for o in qsess.get_outputs()]
+    accs = {n: Accumulator() for n in names}
+    for sample in samples:
+        feeds = {k: v for k, v in sample.items() if k in wanted}
+        with ort_guard(what, fix):
+            got = qsess.run(names, feeds)
+        for n, ref, value in zip(names, fsess.run(names, feeds), got, strict=True):
+            if np.issubdtype(ref.dtype, np.floating) and ref.shape == value.shape:
+                accs[n].add(ref, value)
+    for line in slice_warnings(ctx, qmodel, accs):
+        log.warning("%s", line)
+
+
+def slice_warnings(ctx: BuildContext, qmodel: onnx.ModelProto, accs: dict[str, Accumulator]) -> list[str]:
+    """One line per output axis with slices below POOR_SLICE_DB: which slices, how much of a step
+    their values are, and the layer_configs entry that keeps them."""
+    producers = {o: n for n in ctx.model.graph.node for o in n.output}
+    steps = {n.output[0]: float(numpy_helper.to_array(i)) for n in qmodel.graph.node
+             if n.op_type == "DequantizeLinear" for i in qmodel.graph.initializer
+             if i.name == n.input[1] and len(i.dims) == 0}
+    lines = []
+    for name, acc in accs.items():
+        for axis in sorted(acc.slices):
+            bad = poor_slices(acc, axis)
+            if not bad:
+                continue
+            worst = bad[0]
+            node = producers.get(name)
+            layer = node.name if node is not None else name
+            step = f", quantization step {steps[name]:.4g}" if name in steps else ""
+            idx = ", ".join(str(t.index) for t in sorted(bad, key=lambda t: t.index)[:12])
+            more = " ..." if len(bad) > 12 else ""
+            lines.append(
+                f"output '{name}': {len(bad)} of {worst.size} slices along axis {axis} ([{idx}{more}]) keep "
+                f"less than {POOR_SLICE_DB:g} dB SQNR (worst: index {worst.index}, {worst.sqnr_db:.1f} dB, cosine "
+                f"{worst.cosine:.3f}{step}; whole tensor cosine {acc.cosine:.4f}): their values are small beside "
+                f"the rest of the tensor, which sets the step. Likely fix: quant.layer_configs "
+                f'{{"layer_name": "{layer}", "data_type": "U16"}} (or split the output)')
+    return lines
 
 
 NPU_ANALYSIS_SAMPLES = 32
@@ -318,6 +384,7 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     precision = resolve_layer_precision(q.layer_configs, model, highest_mix_precision=q.highest_mix_precision,
                                         transformer_opt_level=q.transformer_opt_level)
     precision = {**precision, **shift_presets(model, stats, precision)}
+    precision = {**precision, **join_presets(model, stats, precision)}
     export_kw = {"bias_fp32": q.conv_bias_data_type == "FP32", "refine_weight_threshold": q.refine_weight_threshold}
     if q.auto_mixed_precision.enable:
         precision = run_auto_mixed_precision(ctx, precision, stats, export_kw)
@@ -338,8 +405,10 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
         run_finetune(ctx, qg)
     ctx.quant_graph = qg
     qmodel = qg.to_qdq()
-    for line in apply_op_processors(qmodel, ctx.cfg.quant_op_processors, field="quant_op_processors"):
+    patched = apply_op_processors(qmodel, ctx.cfg.quant_op_processors, field="quant_op_processors")
+    for line in patched:
         log.info("patched quantized graph: %s", line)
+    check_quantized_model(ctx, qmodel, bool(patched))
     if q.check >= 1:
         log.info("quant check: %d quantized tensors have the dtypes of their config", check_dtypes(qmodel, qg.params))
     path = ctx.path("quant", "quantized.onnx")

@@ -87,7 +87,8 @@ def npu_backend_rows(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str
     if not count:
         raise PulsarError("precision analysis: no samples were given; pass at least one input sample")
     return [LayerPrecision(name, n.op_type, t, shapes[t], "FP32", str(tensors.get(t, {}).get("dtype", "FP32")),
-                           accs[t].cosine, accs[t].mse, accs[t].sqnr_db) for name, n, t in layers if t in accs]
+                           accs[t].cosine, accs[t].mse, accs[t].sqnr_db, accs[t].worst_slice)
+            for name, n, t in layers if t in accs]
 
 
 def run_npu_backend_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str, Any],

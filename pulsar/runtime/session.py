@@ -31,6 +31,7 @@ from onnx import helper
 
 from pulsar.core.container import SUBGRAPH_KINDS, CompiledModel, Subgraph, load_compiled
 from pulsar.core.int_ops import INT_DOMAIN
+from pulsar.core.ort_errors import ort_guard
 from pulsar.core.ort_options import reference_session_options
 from pulsar.core.tensors import TensorInfo, shape_matches
 from pulsar.core.variants import variants_of
@@ -119,7 +120,9 @@ def ort_runner(graph: onnx.GraphProto, name: str, opsets: list[onnx.OperatorSetI
 
     def run(feeds: dict[str, np.ndarray], keep: bool = False) -> dict[str, np.ndarray]:
         sess, names = session(keep)
-        return dict(zip(names, sess.run(names, feeds), strict=True))
+        with ort_guard(f"running subgraph {name!r}", "check the inputs this subgraph receives (their values, "
+                       "not only their shapes: an index or a shape read from data must be valid)"):
+            return dict(zip(names, sess.run(names, feeds), strict=True))
 
     return run
 

@@ -81,6 +81,29 @@ def _constants(model: onnx.ModelProto) -> dict[str, _Const]:
     return found
 
 
+def _input_names(model: onnx.ModelProto) -> list[str]:
+    inits = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def _frozen_input(model: onnx.ModelProto, name: str, base: str) -> _Const | None:
+    """A model input given a fixed value: it becomes a constant of its own dtype and shape and leaves the
+    model's inputs (a sample-rate or mode input fixed for the deployment: control flow on it folds)."""
+    vi = next((i for i in model.graph.input if i.name == name), None)
+    if vi is None or name in {t.name for t in model.graph.initializer}:
+        return None
+    t = vi.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
+    if not vi.type.HasField("tensor_type") or not t.HasField("shape") or any(d <= 0 for d in dims):
+        raise PulsarError(f"{base}.name: input '{name}' has no fixed shape; give it one with input_shapes "
+                          f"before fixing its value")
+    holder = numpy_helper.from_array(np.zeros(dims, helper.tensor_dtype_to_np_dtype(t.elem_type)), name)
+    model.graph.initializer.append(holder)
+    model.graph.input.remove(vi)
+    log.info("input %s: fixed by %s, no longer a model input", name, base)
+    return _Const(name, model.graph.initializer[-1])
+
+
 def _flatten(data: Any) -> list[Any]:
     if isinstance(data, (list, tuple)):
         return [v for item in data for v in _flatten(item)]
@@ -258,10 +281,10 @@ def apply_const_processors(model: onnx.ModelProto, processors: Sequence[Any],
     lines: list[str] = []
     for i, proc in enumerate(processors):
         base, name = f"{field}[{i}]", proc.name
-        const = constants.get(name)
+        const = constants.get(name) or _frozen_input(model, name, base)
         if const is None:
-            raise PulsarError(f"{base}.name: the model has no constant (initializer or Constant node) named "
-                              f"'{name}'{did_you_mean(name, constants)}")
+            raise PulsarError(f"{base}.name: the model has no constant (initializer or Constant node) or input "
+                              f"named '{name}'{did_you_mean(name, [*constants, *_input_names(model)])}")
         data, data_path = getattr(proc, "data", None), getattr(proc, "data_path", None)
         if (data is None) == (data_path is None):
             raise PulsarError(f"{base}: give exactly one of data or data_path")

@@ -10,15 +10,23 @@ Over many samples the :class:`Accumulator` keeps running sums only (memory does 
 sample count): the reported cosine is the mean of the per-sample cosines, the MSE is the mean over
 every element of every sample, and the SQNR is the ratio of the summed signal to the summed noise
 (so one near-silent sample cannot drive the average to -inf).
+
+Per slice: a whole-tensor figure hides a slice that lost everything (a detector output's class-score
+rows beside pixel box coordinates: cosine 0.999 for the tensor, the scores all rounded to zero). The
+accumulator also keeps, along the channel axis (1) and the last axis, the sums of every slice (one
+index of that axis, all the rest), and :attr:`Accumulator.worst_slice` names the slice with the
+lowest cosine (SQNR beside it). Slices whose float values are all zero are skipped.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+# A slice keeping less than this SQNR has lost most of its signal (noise power >= 1/10 of it).
+POOR_SLICE_DB = 10.0
 # Cosine grades shared by the console table and the mermaid graph.
 COSINE_GOOD = 0.999   # green: >= 0.999
 COSINE_OK = 0.99      # yellow: >= 0.99, red below
@@ -69,18 +77,69 @@ def sqnr_db(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @dataclass
+class SliceScore:
+    """One slice of a tensor: index ``index`` of axis ``axis`` (all other axes)."""
+
+    axis: int
+    index: int
+    cosine: float
+    sqnr_db: float
+    size: int  # axis length
+
+    def __str__(self) -> str:
+        return f"axis {self.axis} [{self.index}]"
+
+
+def slice_axes(shape: tuple[int, ...]) -> list[int]:
+    """The axes whose slices are scored: the channel axis and the last axis, when longer than 1 and the
+    tensor has another axis with several elements (a slice of a vector is one number)."""
+    axes = [ax for ax in dict.fromkeys((1, len(shape) - 1)) if 0 < ax < len(shape) and shape[ax] > 1]
+    return [ax for ax in axes if int(np.prod(shape, dtype=np.int64)) > shape[ax]]
+
+
+@dataclass
+class _SliceSums:
+    dot: np.ndarray
+    aa: np.ndarray
+    bb: np.ndarray
+    noise: np.ndarray
+
+    @classmethod
+    def of(cls, a: np.ndarray, b: np.ndarray, axis: int) -> _SliceSums:
+        a2 = np.moveaxis(np.asarray(a, np.float64), axis, 0).reshape(a.shape[axis], -1)
+        b2 = np.moveaxis(np.asarray(b, np.float64), axis, 0).reshape(a.shape[axis], -1)
+        d = a2 - b2
+        return cls(np.einsum("ij,ij->i", a2, b2), np.einsum("ij,ij->i", a2, a2), np.einsum("ij,ij->i", b2, b2),
+                   np.einsum("ij,ij->i", d, d))
+
+    def add(self, other: _SliceSums) -> None:
+        self.dot += other.dot
+        self.aa += other.aa
+        self.bb += other.bb
+        self.noise += other.noise
+
+
+@dataclass
 class Accumulator:
-    """Running sums for one tensor over a stream of samples."""
+    """Running sums for one tensor over a stream of samples (and per slice, see the module doc)."""
 
     samples: int = 0
     elements: int = 0
     cos_sum: float = 0.0
     signal: float = 0.0     # sum a^2
     noise: float = 0.0      # sum (a - b)^2
+    slices: dict[int, _SliceSums] = field(default_factory=dict)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> None:
         if np.shape(a) != np.shape(b):
             raise ValueError(f"shape mismatch: float {np.shape(a)} vs quantized {np.shape(b)}")
+        shape = tuple(np.shape(a))
+        for ax in slice_axes(shape):
+            sums = _SliceSums.of(np.asarray(a), np.asarray(b), ax)
+            if ax in self.slices and self.slices[ax].dot.shape == sums.dot.shape:
+                self.slices[ax].add(sums)
+            else:
+                self.slices[ax] = sums
         a, b = _flat64(a), _flat64(b)
         d = a - b
         aa, noise = float(a @ a), float(d @ d)
@@ -89,6 +148,21 @@ class Accumulator:
         self.noise += noise
         self.samples += 1
         self.elements += a.size
+
+    def slice_scores(self) -> list[SliceScore]:
+        """Every non-zero slice's cosine and SQNR (sums over all samples)."""
+        out = []
+        for ax, s in self.slices.items():
+            for i in np.flatnonzero(s.aa > 0):
+                out.append(SliceScore(ax, int(i), _cos_from(float(s.dot[i]), float(s.aa[i]), float(s.bb[i])),
+                                      _sqnr_from(float(s.aa[i]), float(s.noise[i])), int(s.aa.size)))
+        return out
+
+    @property
+    def worst_slice(self) -> SliceScore | None:
+        """The slice with the lowest cosine (ties: the lower SQNR), None for tensors without slices."""
+        scores = self.slice_scores()
+        return min(scores, key=lambda t: (t.cosine, t.sqnr_db)) if scores else None
 
     @property
     def cosine(self) -> float:
@@ -101,3 +175,16 @@ class Accumulator:
     @property
     def sqnr_db(self) -> float:
         return _sqnr_from(self.signal, self.noise)
+
+
+def poor_slices(acc: Accumulator, axis: int) -> list[SliceScore]:
+    """The slices along ``axis`` whose SQNR is below :data:`POOR_SLICE_DB`, worst first."""
+    bad = [t for t in acc.slice_scores() if t.axis == axis and t.sqnr_db < POOR_SLICE_DB]
+    return sorted(bad, key=lambda t: (t.sqnr_db, t.index))
+
+
+def slice_aware_cosine(acc: Accumulator) -> float:
+    """The tensor's cosine, or its poorest slice's when a slice lost most of its signal: a score that
+    does not call a build good while one slice of an output is gone."""
+    bad = [t for ax in acc.slices for t in poor_slices(acc, ax)]
+    return min([acc.cosine, *(t.cosine for t in bad)])

@@ -49,7 +49,7 @@ from onnx import TensorProto, helper
 
 from pulsar.core.ort_options import reference_session_options
 from pulsar.errors import PulsarError, did_you_mean
-from pulsar.quant.analysis.metrics import Accumulator
+from pulsar.quant.analysis.metrics import COSINE_OK, Accumulator, SliceScore
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,19 @@ class LayerPrecision:
     cosine: float
     mse: float
     sqnr_db: float
+    worst_slice: SliceScore | None = None  # the slice (channel / last-axis index) with the lowest cosine
+
+    @property
+    def slice_cosine(self) -> float:
+        """The worst slice's cosine (the tensor's when it has no slices)."""
+        return self.worst_slice.cosine if self.worst_slice is not None else self.cosine
+
+    def fix(self) -> str:
+        """The layer_configs entry that would keep this row's worst slice, when that slice is poor."""
+        if self.slice_cosine >= COSINE_OK or self.qdtype in FLOAT_DTYPES.values():
+            return ""
+        dtype = "U16" if self.qdtype in ("U8", "S8") else "FP32"
+        return f'{{"layer_name": "{self.node}", "data_type": "{dtype}"}}'
 
 
 def layer_name(node: onnx.NodeProto, index: int) -> str:
@@ -288,7 +301,8 @@ def analyze(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto, samples: I
     producers = {o: n for n in qdq_model.graph.node for o in n.output}
     rows = [LayerPrecision(p.node, p.op_type, p.tensor, shapes[i] or (), p.dtype,
                            _qdtype(p.tensor, tensors, producers, inits, p.dtype),
-                           accs[i].cosine, accs[i].mse, accs[i].sqnr_db) for i, p in enumerate(probes)]
+                           accs[i].cosine, accs[i].mse, accs[i].sqnr_db, accs[i].worst_slice)
+            for i, p in enumerate(probes)]
     log.info("precision analysis (%s): %d layers over %d samples in %.2f s", method, len(rows), count,
              time.perf_counter() - t0)
     return rows

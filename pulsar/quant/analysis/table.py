@@ -15,7 +15,8 @@ from pulsar.ui import table
 from pulsar.utils.atomic import atomic_write_text
 
 TITLE = "Quant Precision Table"
-COLUMNS = ("Operator", "Type", "Output Tensor", "Shape", "DType", "QDType", "Cosine", "MSE", "SQNR (dB)")
+COLUMNS = ("Operator", "Type", "Output Tensor", "Shape", "DType", "QDType", "Cosine", "MSE", "SQNR (dB)",
+           "Worst Slice", "Slice Cosine", "Fix (layer_configs)")
 _STYLE = {"good": "green", "ok": "yellow", "bad": "bold red"}
 
 
@@ -28,15 +29,17 @@ def fmt_float(x: float, spec: str) -> str:
 
 
 def cells(r: LayerPrecision) -> list[str]:
+    ws = r.worst_slice
     return [r.node, r.op_type, r.tensor, fmt_shape(r.shape), r.dtype, r.qdtype, fmt_float(r.cosine, ".6f"),
-            fmt_float(r.mse, ".3e"), fmt_float(r.sqnr_db, ".2f")]
+            fmt_float(r.mse, ".3e"), fmt_float(r.sqnr_db, ".2f"), str(ws) if ws is not None else "-",
+            fmt_float(ws.cosine, ".6f") if ws is not None else "-", r.fix()]
 
 
 def table_text(rows: Sequence[LayerPrecision], title: str = TITLE) -> str:
     """Fixed-width text: title, header, dashes, one line per layer (numbers right-aligned)."""
     body = [cells(r) for r in rows]
     widths = [max([len(c), *(len(b[i]) for b in body)]) for i, c in enumerate(COLUMNS)]
-    numeric = {6, 7, 8}
+    numeric = {6, 7, 8, 10}
 
     def line(values: Sequence[str]) -> str:
         parts = [v.rjust(w) if i in numeric else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths,
@@ -61,8 +64,9 @@ def precision_table(rows: Sequence[LayerPrecision], title: str = TITLE) -> Table
     for r in rows:
         c: list[str | Text] = list(cells(r))  # shown literally by ui.table (names may hold '[' or escapes)
         c[6] = Text(str(c[6]), style=_STYLE[grade(r.cosine)])
+        c[10] = Text(str(c[10]), style=_STYLE[grade(r.slice_cosine)])
         body.append(c)
     t = table(title, COLUMNS, body)
-    for i in (6, 7, 8):
+    for i in (6, 7, 8, 10):
         t.columns[i].justify = "right"
     return t

@@ -1,0 +1,93 @@
+"""A detector head that concatenates pixel box coordinates with 0-1 class scores: the default build
+keeps the scores (the Concat moves to 16 bits from the calibration statistics), and when a user forces
+it back to 8 bits the build warns naming the output, the slices and the fix, while the whole-tensor
+cosine still reads >= 0.999; the precision table names the worst slice and the layer_configs fix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from onnx import helper
+
+from tests.unseen.helpers import build_and_run, calib_config, cosine, init, save, vi
+
+A = 64  # anchors (8 x 8 positions)
+C = 6   # classes
+
+
+def detector_head(tmp: Path) -> Path:
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["f0"], name="stem", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["f0"], ["f"], name="stem_relu"),
+        helper.make_node("Conv", ["f", "wb", "bb"], ["box0"], name="box_conv", kernel_shape=[1, 1]),
+        helper.make_node("Sigmoid", ["box0"], ["box1"], name="box_sig"),
+        helper.make_node("Mul", ["box1", "stride"], ["box2"], name="box_scale"),     # pixels: 0 .. 640
+        helper.make_node("Conv", ["f", "wc", "bc"], ["cls0"], name="cls_conv", kernel_shape=[1, 1]),
+        helper.make_node("Sigmoid", ["cls0"], ["cls1"], name="cls_sig"),            # scores: 0 .. 1
+        helper.make_node("Reshape", ["box2", "shape_b"], ["box"], name="box_flat"),
+        helper.make_node("Reshape", ["cls1", "shape_c"], ["cls"], name="cls_flat"),
+        helper.make_node("Concat", ["box", "cls"], ["y"], name="head_concat", axis=1),
+    ]
+    inits = [init("w0", rng.normal(size=(8, 3, 3, 3)).astype(np.float32) * 0.3), init("b0", np.zeros(8, np.float32)),
+             init("wb", rng.normal(size=(4, 8, 1, 1)).astype(np.float32) * 0.5), init("bb", np.zeros(4, np.float32)),
+             init("wc", rng.normal(size=(C, 8, 1, 1)).astype(np.float32)),
+             init("bc", np.full(C, -3.0, np.float32)),  # mostly low scores, a few high: a detector's
+             init("stride", np.float32(640.0)),
+             init("shape_b", np.array([1, 4, A], np.int64)), init("shape_c", np.array([1, C, A], np.int64))]
+    return save(tmp / "head.onnx", nodes, [vi("x", [1, 3, 8, 8])], [vi("y", [1, 4 + C, A])], inits)
+
+
+def _samples(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(1, 3, 8, 8)).astype(np.float32) * 1.5 for _ in range(n)]
+
+
+def test_default_keeps_class_scores_beside_box_coordinates(tmp_path: Path) -> None:
+    model = detector_head(tmp_path)
+    cfg = calib_config(tmp_path, {"x": _samples(16, 1)})
+    x = _samples(1, 99)[0]
+    outs = build_and_run(model, tmp_path / "out", cfg, {"x": x})
+    qcfg = json.loads((tmp_path / "out" / "quant" / "quant_config.json").read_text())
+    assert qcfg["tensors"]["y"]["dtype"] == "U16"
+    ref = outs["float"][0]
+    for mode in ("qdq", "npu"):
+        scores, want = outs[mode][0][:, 4:], ref[:, 4:]
+        assert cosine(scores, want) > 0.999, mode
+        # the 8-bit sigmoid upstream limits them, not the join: a few of its steps at most
+        assert np.abs(scores - want).max() < 0.05 and np.abs(scores - want).mean() < 0.01, mode
+        assert np.array_equal(scores > 0.25, want > 0.25) or np.mean((scores > 0.25) != (want > 0.25)) < 0.01
+
+
+def test_flattened_slices_are_found_where_the_tensor_cosine_is_0999(tmp_path: Path) -> None:
+    model = detector_head(tmp_path)
+    cfg = calib_config(tmp_path, {"x": _samples(16, 1)}, precision_analysis=True,
+                       layer_configs=[{"layer_name": "head_concat", "data_type": "U8"}])
+    x = _samples(1, 99)[0]
+    outs = build_and_run(model, tmp_path / "lib", cfg, {"x": x})
+    ref, npu = outs["float"][0], outs["npu"][0]
+    assert cosine(npu, ref) >= 0.999  # the whole tensor looks fine ...
+    assert cosine(npu[:, 4:], ref[:, 4:]) < 0.9  # ... while the scores are gone
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    r = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(model), "--config",
+                        str(tmp_path / "cfg.json"), "--output_dir", str(tmp_path / "cli")],
+                       capture_output=True, text=True, timeout=300, env={"COLUMNS": "400", **_env()})
+    assert r.returncode == 0, r.stderr
+    warn = [line for line in r.stderr.splitlines() if "output 'y'" in line]
+    assert warn, r.stderr
+    assert "along axis 1" in warn[0] and '"layer_name": "head_concat", "data_type": "U16"' in warn[0]
+    bad = warn[0].split("([")[1].split("])")[0]
+    assert {int(i) for i in bad.split(", ")} <= set(range(4, 4 + C))  # only class rows are named
+    table = (tmp_path / "cli" / "quant" / "debug" / "precision_analysis_table.txt").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("head_concat"))
+    assert "axis 1 [" in row and '{"layer_name": "head_concat", "data_type": "U16"}' in row
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
