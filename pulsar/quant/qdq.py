@@ -198,3 +198,11 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, params: dict[str, Tensor
     if any(n.domain == WIDE_DOMAIN for n in g.node) and not any(o.domain == WIDE_DOMAIN for o in qmodel.opset_import):
         qmodel.opset_import.append(helper.make_opsetid(WIDE_DOMAIN, 1))
     return qmodel
+
+
+def output_steps(qmodel: onnx.ModelProto) -> dict[str, float]:
+    """Graph output -> the step of the per-tensor grid it is dequantized from (outputs on a grid only)."""
+    scales = {t.name: numpy_helper.to_array(t) for t in qmodel.graph.initializer if len(t.dims) == 0}
+    outputs = {o.name for o in qmodel.graph.output}
+    return {n.output[0]: float(scales[n.input[1]]) for n in qmodel.graph.node
+            if n.op_type == "DequantizeLinear" and n.output[0] in outputs and n.input[1] in scales}

@@ -24,7 +24,7 @@ from pulsar.quant.algorithms.easy_quant import easy_quant, update_params
 from pulsar.quant.algorithms.refine_scale import refine_input_ranges
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
-from pulsar.quant.analysis.metrics import POOR_SLICE_DB, Accumulator, poor_slices
+from pulsar.quant.analysis.metrics import Accumulator, flattened_slices
 from pulsar.quant.attention import masked_range, masked_scores, true_scores
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
@@ -34,6 +34,7 @@ from pulsar.quant.joins import join_presets
 from pulsar.quant.layer_configs import resolve_layer_precision, show_layer_config_table
 from pulsar.quant.plan import QuantPlan, make_plan
 from pulsar.quant.precision import DEFAULT_DTYPE, HIGHEST_DTYPE, NodePrecision
+from pulsar.quant.qdq import output_steps
 from pulsar.quant.samples import Samples, check_sample_dirs, open_sample_dir
 from pulsar.quant.scheme import BITS, DTYPES, TensorQuant
 from pulsar.quant.shifts import shift_presets
@@ -156,29 +157,26 @@ def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: b
 
 
 def slice_warnings(ctx: BuildContext, qmodel: onnx.ModelProto, accs: dict[str, Accumulator]) -> list[str]:
-    """One line per output axis with slices below POOR_SLICE_DB: which slices, how much of a step
-    their values are, and the layer_configs entry that keeps them."""
+    """One line per output axis whose grid flattens slices (:func:`flattened_slices`): which slices,
+    how their values compare with the step, and the layer_configs entry that keeps them."""
     producers = {o: n for n in ctx.model.graph.node for o in n.output}
-    steps = {n.output[0]: float(numpy_helper.to_array(i)) for n in qmodel.graph.node
-             if n.op_type == "DequantizeLinear" for i in qmodel.graph.initializer
-             if i.name == n.input[1] and len(i.dims) == 0}
+    steps = output_steps(qmodel)
     lines = []
     for name, acc in accs.items():
         for axis in sorted(acc.slices):
-            bad = poor_slices(acc, axis)
+            bad = flattened_slices(acc, axis, steps.get(name))
             if not bad:
                 continue
             worst = bad[0]
             node = producers.get(name)
             layer = node.name if node is not None else name
-            step = f", quantization step {steps[name]:.4g}" if name in steps else ""
             idx = ", ".join(str(t.index) for t in sorted(bad, key=lambda t: t.index)[:12])
             more = " ..." if len(bad) > 12 else ""
             lines.append(
-                f"output '{name}': {len(bad)} of {worst.size} slices along axis {axis} ([{idx}{more}]) keep "
-                f"less than {POOR_SLICE_DB:g} dB SQNR (worst: index {worst.index}, {worst.sqnr_db:.1f} dB, cosine "
-                f"{worst.cosine:.3f}{step}; whole tensor cosine {acc.cosine:.4f}): their values are small beside "
-                f"the rest of the tensor, which sets the step. Likely fix: quant.layer_configs "
+                f"output '{name}': {len(bad)} of {worst.size} slices along axis {axis} ([{idx}{more}]) are flattened "
+                f"by its quantization step {steps[name]:.4g} (worst: index {worst.index}, values of RMS "
+                f"{worst.rms:.3g}, {worst.sqnr_db:.1f} dB SQNR, cosine {worst.cosine:.3f}; whole tensor cosine "
+                f"{acc.cosine:.4f}): the rest of the tensor sets the step. Likely fix: quant.layer_configs "
                 f'{{"layer_name": "{layer}", "data_type": "U16"}} (or split the output)')
     return lines
 

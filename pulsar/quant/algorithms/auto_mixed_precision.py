@@ -23,6 +23,7 @@ from pulsar.core.ort_options import reference_session_options
 from pulsar.quant.analysis import analyze
 from pulsar.quant.analysis.metrics import Accumulator, slice_aware_cosine
 from pulsar.quant.ops import COMPUTE_OPS as _OP_COMPUTE
+from pulsar.quant.qdq import output_steps
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +46,13 @@ def end_to_end_cosine(float_model: onnx.ModelProto, qmodel: onnx.ModelProto,
     f = ort.InferenceSession(float_model.SerializeToString(), providers=["CPUExecutionProvider"])
     q = ort.InferenceSession(qmodel.SerializeToString(), reference_session_options(),
                              providers=["CPUExecutionProvider"])
-    accs: list[Accumulator] = []
+    names = [o.name for o in q.get_outputs()]
+    steps = output_steps(qmodel)
+    accs = {n: Accumulator() for n in names}
     for s in samples:
-        for k, (a, b) in enumerate(zip(f.run(None, s), q.run(None, s), strict=True)):
-            if k == len(accs):
-                accs.append(Accumulator())
-            accs[k].add(a, b)
-    return float(np.mean([slice_aware_cosine(acc) for acc in accs])) if accs else 1.0
+        for n, a, b in zip(names, f.run(names, s), q.run(names, s), strict=True):
+            accs[n].add(a, b)
+    return float(np.mean([slice_aware_cosine(accs[n], steps.get(n)) for n in names])) if names else 1.0
 
 
 def ranked_layers(float_model: onnx.ModelProto, qmodel: onnx.ModelProto, samples: list[dict[str, np.ndarray]],

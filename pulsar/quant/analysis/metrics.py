@@ -85,6 +85,7 @@ class SliceScore:
     cosine: float
     sqnr_db: float
     size: int  # axis length
+    rms: float = 0.0  # root mean square of its float values
 
     def __str__(self) -> str:
         return f"axis {self.axis} [{self.index}]"
@@ -103,6 +104,7 @@ class _SliceSums:
     aa: np.ndarray
     bb: np.ndarray
     noise: np.ndarray
+    count: int = 0  # values per slice, over all samples
 
     @classmethod
     def of(cls, a: np.ndarray, b: np.ndarray, axis: int) -> _SliceSums:
@@ -110,13 +112,14 @@ class _SliceSums:
         b2 = np.moveaxis(np.asarray(b, np.float64), axis, 0).reshape(a.shape[axis], -1)
         d = a2 - b2
         return cls(np.einsum("ij,ij->i", a2, b2), np.einsum("ij,ij->i", a2, a2), np.einsum("ij,ij->i", b2, b2),
-                   np.einsum("ij,ij->i", d, d))
+                   np.einsum("ij,ij->i", d, d), int(a2.shape[1]))
 
     def add(self, other: _SliceSums) -> None:
         self.dot += other.dot
         self.aa += other.aa
         self.bb += other.bb
         self.noise += other.noise
+        self.count += other.count
 
 
 @dataclass
@@ -155,7 +158,8 @@ class Accumulator:
         for ax, s in self.slices.items():
             for i in np.flatnonzero(s.aa > 0):
                 out.append(SliceScore(ax, int(i), _cos_from(float(s.dot[i]), float(s.aa[i]), float(s.bb[i])),
-                                      _sqnr_from(float(s.aa[i]), float(s.noise[i])), int(s.aa.size)))
+                                      _sqnr_from(float(s.aa[i]), float(s.noise[i])), int(s.aa.size),
+                                      math.sqrt(float(s.aa[i]) / max(s.count, 1))))
         return out
 
     @property
@@ -177,14 +181,18 @@ class Accumulator:
         return _sqnr_from(self.signal, self.noise)
 
 
-def poor_slices(acc: Accumulator, axis: int) -> list[SliceScore]:
-    """The slices along ``axis`` whose SQNR is below :data:`POOR_SLICE_DB`, worst first."""
-    bad = [t for t in acc.slice_scores() if t.axis == axis and t.sqnr_db < POOR_SLICE_DB]
+def flattened_slices(acc: Accumulator, axis: int, step: float | None) -> list[SliceScore]:
+    """The slices along ``axis`` that the output grid flattens: below :data:`POOR_SLICE_DB` SQNR while
+    their values are smaller than the grid's ``step`` (their RMS below it), worst first. None without a
+    step: a float output's poor slice comes from upstream error, which the precision table shows."""
+    if not step:
+        return []
+    bad = [t for t in acc.slice_scores() if t.axis == axis and t.sqnr_db < POOR_SLICE_DB and t.rms < step]
     return sorted(bad, key=lambda t: (t.sqnr_db, t.index))
 
 
-def slice_aware_cosine(acc: Accumulator) -> float:
-    """The tensor's cosine, or its poorest slice's when a slice lost most of its signal: a score that
-    does not call a build good while one slice of an output is gone."""
-    bad = [t for ax in acc.slices for t in poor_slices(acc, ax)]
+def slice_aware_cosine(acc: Accumulator, step: float | None) -> float:
+    """The tensor's cosine, or its poorest flattened slice's (see :func:`flattened_slices`): a score that
+    does not call a build good while the grid of an output wipes out one of its slices."""
+    bad = [t for ax in acc.slices for t in flattened_slices(acc, ax, step)]
     return min([acc.cosine, *(t.cosine for t in bad)])
