@@ -36,8 +36,9 @@ MASK_MARGIN = 20.0  # masked scores sit this far below the scores' range: exp(-2
 SHAPE_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Expand", "Cast"})
 SOFTMAX_OPS = frozenset({"Softmax", "LogSoftmax"})
 # Ops that never belong to a mask branch: they compute on learned or data activations.
+_INDEXING = frozenset({"Gather", "GatherElements", "GatherND"})
 _COMPUTE = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Softmax", "LogSoftmax", "LayerNormalization",
-                      "Gelu", "Gather", "GatherElements", "Einsum", "Attention", "MultiHeadAttention"})
+                      "Gelu", "Einsum", "Attention", "MultiHeadAttention"})
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class _Graph:
             n = self.maker.get(t)
             if n is None or n.name in seen:
                 continue
-            if n.op_type in _COMPUTE or len(seen) > 64:
+            if self.computes(n) or len(seen) > 64:
                 return None
             seen.add(n.name)
             nodes.append(n.name)
@@ -101,6 +102,13 @@ class _Graph:
                 large = large or self.extreme(i) * sign >= -LARGE_NEGATIVE
                 stack.append(i)
         return nodes, large
+
+    def computes(self, n: onnx.NodeProto) -> bool:
+        """A compute op (weights, attention). A Gather from a run-time tensor is indexing, as HF's
+        mask code does on the attention mask, not an embedding lookup in a learned table."""
+        if n.op_type in _INDEXING:
+            return bool(n.input) and n.input[0] in self.consts
+        return n.op_type in _COMPUTE
 
     def mask_input(self, tensor: str) -> bool:
         """``tensor`` is a float graph input, or made from them by mask-branch ops (no compute op), and
@@ -112,7 +120,7 @@ class _Graph:
         nodes = set(found[0])
         leaves = {tensor} if tensor in self.float_inputs else set()
         leaves |= {i for n in self.nodes_named(nodes) for i in n.input if i in self.float_inputs}
-        return bool(leaves) and not any(r.op_type in _COMPUTE for t in leaves for r in self.readers[t])
+        return bool(leaves) and not any(self.computes(r) for t in leaves for r in self.readers[t])
 
     def nodes_named(self, names: set[str]) -> list[onnx.NodeProto]:
         return [n for n in self.maker.values() if n.name in names]
