@@ -25,6 +25,7 @@ from pulsar.quant.algorithms.refine_scale import refine_input_ranges
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.analysis.metrics import Accumulator, flattened_slices
+from pulsar.quant.analysis.table import publish_slices
 from pulsar.quant.attention import masked_range, masked_scores, true_scores
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
@@ -206,6 +207,9 @@ def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: di
     tpath, mpath = ctx.path("quant", "debug", "precision_analysis_table.txt"), ctx.path("quant", "debug",
                                                                                        "precision_analysis.mmd")
     write_table(rows, tpath, title=title)
+    spath = ctx.path("quant", "debug", "precision_analysis_slices.txt")
+    publish_slices(rows, spath, title, ctx.quiet)
+    ctx.artifacts["precision analysis per slice"] = spath
     write_mermaid(ctx.model, rows, mpath)
     worst = ", ".join(f"{r.node} ({r.cosine:.4f})" for r in worst_rows(rows, 5))
     log.info("precision analysis: lowest cosine %s", worst)

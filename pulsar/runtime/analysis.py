@@ -24,6 +24,7 @@ from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
 from pulsar.quant.analysis import LayerPrecision, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.analysis.metrics import Accumulator
+from pulsar.quant.analysis.table import publish_slices
 from pulsar.runtime.check import lowered_session
 from pulsar.ui import show
 from pulsar.utils.progress import progress_task
@@ -102,6 +103,9 @@ def run_npu_backend_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: 
     tpath = ctx.path("quant", "debug", "precision_analysis_table.txt")
     mpath = ctx.path("quant", "debug", "precision_analysis.mmd")
     write_table(rows, tpath, title=title)
+    spath = ctx.path("quant", "debug", "precision_analysis_slices.txt")
+    publish_slices(rows, spath, title, ctx.quiet)
+    ctx.artifacts["precision analysis per slice"] = spath
     write_mermaid(ctx.model, rows, mpath)
     log.info("precision analysis (NPUBackend): lowest cosine %s",
              ", ".join(f"{r.node} ({r.cosine:.4f})" for r in worst_rows(rows, 5)))

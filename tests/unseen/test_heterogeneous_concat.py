@@ -82,7 +82,7 @@ def test_flattened_slices_are_found_where_the_tensor_cosine_is_0999(tmp_path: Pa
     assert "along axis 1" in warn[0] and '"layer_name": "head_concat", "data_type": "U16"' in warn[0]
     bad = warn[0].split("([")[1].split("])")[0]
     assert {int(i) for i in bad.split(", ")} <= set(range(4, 4 + C))  # only class rows are named
-    table = (tmp_path / "cli" / "quant" / "debug" / "precision_analysis_table.txt").read_text()
+    table = (tmp_path / "cli" / "quant" / "debug" / "precision_analysis_slices.txt").read_text()
     row = next(line for line in table.splitlines() if line.startswith("head_concat"))
     assert "axis 1 [" in row and '{"layer_name": "head_concat", "data_type": "U16"}' in row
 

@@ -9,14 +9,13 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
-from pulsar.quant.analysis.metrics import grade
+from pulsar.quant.analysis.metrics import COSINE_OK, grade
 from pulsar.quant.analysis.perlayer import LayerPrecision
 from pulsar.ui import table
 from pulsar.utils.atomic import atomic_write_text
 
 TITLE = "Quant Precision Table"
-COLUMNS = ("Operator", "Type", "Output Tensor", "Shape", "DType", "QDType", "Cosine", "MSE", "SQNR (dB)",
-           "Worst Slice", "Slice Cosine", "Fix (layer_configs)")
+COLUMNS = ("Operator", "Type", "Output Tensor", "Shape", "DType", "QDType", "Cosine", "MSE", "SQNR (dB)")
 _STYLE = {"good": "green", "ok": "yellow", "bad": "bold red"}
 
 
@@ -29,17 +28,15 @@ def fmt_float(x: float, spec: str) -> str:
 
 
 def cells(r: LayerPrecision) -> list[str]:
-    ws = r.worst_slice
     return [r.node, r.op_type, r.tensor, fmt_shape(r.shape), r.dtype, r.qdtype, fmt_float(r.cosine, ".6f"),
-            fmt_float(r.mse, ".3e"), fmt_float(r.sqnr_db, ".2f"), str(ws) if ws is not None else "-",
-            fmt_float(ws.cosine, ".6f") if ws is not None else "-", r.fix()]
+            fmt_float(r.mse, ".3e"), fmt_float(r.sqnr_db, ".2f")]
 
 
 def table_text(rows: Sequence[LayerPrecision], title: str = TITLE) -> str:
     """Fixed-width text: title, header, dashes, one line per layer (numbers right-aligned)."""
     body = [cells(r) for r in rows]
     widths = [max([len(c), *(len(b[i]) for b in body)]) for i, c in enumerate(COLUMNS)]
-    numeric = {6, 7, 8, 10}
+    numeric = {6, 7, 8}
 
     def line(values: Sequence[str]) -> str:
         parts = [v.rjust(w) if i in numeric else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths,
@@ -64,9 +61,67 @@ def precision_table(rows: Sequence[LayerPrecision], title: str = TITLE) -> Table
     for r in rows:
         c: list[str | Text] = list(cells(r))  # shown literally by ui.table (names may hold '[' or escapes)
         c[6] = Text(str(c[6]), style=_STYLE[grade(r.cosine)])
-        c[10] = Text(str(c[10]), style=_STYLE[grade(r.slice_cosine)])
         body.append(c)
     t = table(title, COLUMNS, body)
-    for i in (6, 7, 8, 10):
+    for i in (6, 7, 8):
         t.columns[i].justify = "right"
     return t
+
+
+SLICE_TITLE = "Quant Precision Table: slices"
+SLICE_COLUMNS = ("Operator", "Output Tensor", "QDType", "Cosine", "Worst Slice", "Slice Cosine", "Slice SQNR (dB)",
+                 "Fix (layer_configs)")
+
+
+def slice_rows(rows: Sequence[LayerPrecision]) -> list[LayerPrecision]:
+    """The layers whose worst slice (channel / last-axis index) grades below 'ok' while the whole tensor
+    may still read well: what a per-tensor cosine hides."""
+    return [r for r in rows if r.worst_slice is not None and grade(r.slice_cosine) == "bad"]
+
+
+def _slice_cells(r: LayerPrecision) -> list[str]:
+    ws = r.worst_slice
+    assert ws is not None
+    return [r.node, r.tensor, r.qdtype, fmt_float(r.cosine, ".6f"), str(ws), fmt_float(ws.cosine, ".6f"),
+            fmt_float(ws.sqnr_db, ".2f"), r.fix() or "-"]
+
+
+def slice_table_text(rows: Sequence[LayerPrecision], title: str = SLICE_TITLE) -> str:
+    """Fixed-width text of :func:`slice_rows` (a line saying there are none otherwise)."""
+    body = [_slice_cells(r) for r in slice_rows(rows)]
+    if not body:
+        return f"{title}\nevery slice of every layer grades ok (cosine >= {COSINE_OK})\n"
+    widths = [max([len(c), *(len(b[i]) for b in body)]) for i, c in enumerate(SLICE_COLUMNS)]
+    numeric = {3, 5, 6}
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if i in numeric else v.ljust(w)
+                         for i, (v, w) in enumerate(zip(values, widths, strict=True))).rstrip()
+
+    return "\n".join([title, line(SLICE_COLUMNS), "  ".join("-" * w for w in widths), *map(line, body)]) + "\n"
+
+
+def slice_table(rows: Sequence[LayerPrecision], title: str = SLICE_TITLE) -> Table | None:
+    """The console form of :func:`slice_table_text`; None when every slice grades ok."""
+    chosen = slice_rows(rows)
+    if not chosen:
+        return None
+    body = []
+    for r in chosen:
+        c: list[str | Text] = list(_slice_cells(r))
+        c[5] = Text(str(c[5]), style=_STYLE[grade(r.slice_cosine)])
+        body.append(c)
+    t = table(title, SLICE_COLUMNS, body)
+    for i in (3, 5, 6):
+        t.columns[i].justify = "right"
+    return t
+
+
+def publish_slices(rows: Sequence[LayerPrecision], path: str | os.PathLike, title: str, quiet: bool) -> None:
+    """Show the slice table (when a slice grades bad) and write it to ``path``, for either analysis mode."""
+    from pulsar.ui import show
+
+    t = slice_table(rows, f"{title}: slices")
+    if t is not None:
+        show(t, quiet=quiet)
+    atomic_write_text(path, slice_table_text(rows, f"{title}: slices"))
