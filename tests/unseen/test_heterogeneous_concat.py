@@ -91,3 +91,23 @@ def _env() -> dict[str, str]:
     import os
 
     return dict(os.environ)
+
+
+def test_check_3_fails_a_slice_the_whole_tensor_hides() -> None:
+    """compiler.check 3 on an integer output: rows 4.. off by many steps, the tensor's cosine >= 0.999."""
+    from types import SimpleNamespace
+
+    from pulsar.runtime.check import CODES, verdict
+
+    rng = np.random.default_rng(0)
+    want = np.concatenate([rng.integers(20000, 60000, size=(1, 4, A)), rng.integers(0, 40, size=(1, C, A))],
+                          axis=1).astype(np.uint16)
+    got = want.copy()
+    got[:, 4:] = 0  # the class rows flattened
+    c = SimpleNamespace(check_cosine_simularity=0.999)
+    assert cosine(got.astype(np.float64), want.astype(np.float64)) >= 0.999
+    why = verdict(3, got, want, {"y": CODES}, "y", c)
+    assert why is not None and why.startswith("slice axis 1 [") and "while the whole tensor passes" in why
+    near = want.copy()
+    near[:, 4:] = np.maximum(near[:, 4:].astype(np.int64) - 1, 0).astype(np.uint16)  # one step: rounding only
+    assert verdict(3, near, want, {"y": CODES}, "y", c) is None
