@@ -20,6 +20,7 @@ from pulsar.core.ort_options import reference_session_options
 from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.algorithms import auto_mixed_precision
 from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
+from pulsar.quant.algorithms.bulk_range import keep_bulk
 from pulsar.quant.algorithms.easy_quant import easy_quant, update_params
 from pulsar.quant.algorithms.refine_scale import refine_input_ranges
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
@@ -226,8 +227,11 @@ def activation_ranges(stats: dict[str, Any], plan: QuantPlan, q: Any,
     for dtype in sorted({plan.dtypes[a] for a in own}):
         names = {a: stats[a] for a in own if plan.dtypes[a] == dtype}
         signed = DTYPES[dtype][2]
-        ranges.update(compute_ranges(names, q.calibration_method, num_bits=BITS[dtype], signed=signed,
-                                     symmetric=signed, percentile=q.calibration_percentile))
+        found = compute_ranges(names, q.calibration_method, num_bits=BITS[dtype], signed=signed,
+                               symmetric=signed, percentile=q.calibration_percentile)
+        if q.calibration_method == "MinMax" and BITS[dtype] == 8:
+            keep_bulk(names, found, list(names), num_bits=8, signed=signed)
+        ranges.update(found)
     if not q.disable_auto_refine_scale:
         refine_input_ranges(model, plan, stats, ranges)
     mask_floor: dict[str, float] = {}
