@@ -9,6 +9,7 @@ from __future__ import annotations
 from pulsar.frontend.passes import (  # noqa: F401  (imported to register the passes)
     constant_to_initializer,
     eliminate_dead_nodes,
+    explicit_pads,
     fold_affine_into_conv,
     fold_batchnorm,
     fold_constants,
@@ -45,6 +46,7 @@ DEFAULT_PASSES: list[str] = [
     "merge_transpose_reshape",
     "fold_batchnorm",
     "fold_affine_into_conv",
+    "explicit_pads",
     "fold_pad",
     "fuse_matmul_add",
     "fuse_layernorm",

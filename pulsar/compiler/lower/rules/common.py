@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from pulsar.compiler.lower.rules.base import INT64_LIMIT, LowerCtx, Operand, Unsupported
+from pulsar.core.padding import auto_pads
 
 INT8_16 = (np.int8, np.int16)
 
@@ -94,17 +95,7 @@ def explicit_pads(ctx: LowerCtx, in_spatial: tuple[int, ...], kernel: tuple[int,
         if len(pads) != 2 * rank:
             raise Unsupported(f"{ctx.op} pads {pads} do not match a {rank}-D kernel")
         return pads
-    if auto == "VALID":
-        return [0] * 2 * rank
-    begin, end = [], []
-    for x, k, s, d in zip(in_spatial, kernel, strides, dilations, strict=True):
-        out = -(-x // s)
-        total = max((out - 1) * s + (k - 1) * d + 1 - x, 0)
-        small, big = total // 2, total - total // 2
-        b, e = (small, big) if auto == "SAME_UPPER" else (big, small)
-        begin.append(b)
-        end.append(e)
-    return begin + end
+    return auto_pads(auto, in_spatial, kernel, strides, dilations)
 
 
 # Above this accumulator bound M keeps fewer than 18 bits, too few for a 16-bit output.
