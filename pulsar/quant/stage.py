@@ -20,7 +20,7 @@ from pulsar.core.ort_options import reference_session_options
 from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.algorithms import auto_mixed_precision
 from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
-from pulsar.quant.algorithms.bulk_range import keep_bulk
+from pulsar.quant.algorithms.bulk_range import widen_flattened
 from pulsar.quant.algorithms.easy_quant import easy_quant, update_params
 from pulsar.quant.algorithms.refine_scale import refine_input_ranges
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
@@ -227,11 +227,8 @@ def activation_ranges(stats: dict[str, Any], plan: QuantPlan, q: Any,
     for dtype in sorted({plan.dtypes[a] for a in own}):
         names = {a: stats[a] for a in own if plan.dtypes[a] == dtype}
         signed = DTYPES[dtype][2]
-        found = compute_ranges(names, q.calibration_method, num_bits=BITS[dtype], signed=signed,
-                               symmetric=signed, percentile=q.calibration_percentile)
-        if q.calibration_method == "MinMax" and BITS[dtype] == 8:
-            keep_bulk(names, found, list(names), num_bits=8, signed=signed)
-        ranges.update(found)
+        ranges.update(compute_ranges(names, q.calibration_method, num_bits=BITS[dtype], signed=signed,
+                                     symmetric=signed, percentile=q.calibration_percentile))
     if not q.disable_auto_refine_scale:
         refine_input_ranges(model, plan, stats, ranges)
     mask_floor: dict[str, float] = {}
@@ -279,6 +276,16 @@ def plan_kw(q: Any) -> dict[str, Any]:
     return {"optimize": not q.disable_quant_optimization, "ln_scale_dtype": q.ln_scale_data_type}
 
 
+def planned(model: onnx.ModelProto, precision: dict[str, NodePrecision], stats: dict[str, Any],
+            q: Any) -> QuantPlan:
+    """The plan of ``precision``, heavy-tailed 8-bit tensors raised to 16 bits (:mod:`bulk_range`);
+    the outputs of nodes a layer_configs entry chose keep what it says."""
+    plan = make_plan(model, precision, **plan_kw(q))
+    chosen = {o for n in model.graph.node if precision.get(n.name, NodePrecision()).explicit for o in n.output}
+    widen_flattened(plan, stats, chosen)
+    return plan
+
+
 def _raised(precision: dict[str, NodePrecision], layers: list[str], dtype: str,
             fused_into: dict[str, str] | None = None) -> dict[str, NodePrecision]:
     """``layers`` (and the Relu / Clip fused into them, which own their output) at 16 bits."""
@@ -297,7 +304,7 @@ def run_auto_mixed_precision(ctx: BuildContext, precision: dict[str, NodePrecisi
     amp, model = ctx.cfg.quant.auto_mixed_precision, ctx.model
     samples = list(islice(iter(ctx.calibration), amp.num_samples))
     ops = {n.name: n.op_type for n in model.graph.node}
-    base = make_plan(model, precision, **plan_kw(ctx.cfg.quant))
+    base = planned(model, precision, stats, ctx.cfg.quant)
     narrow = {t for t, d in base.dtypes.items() if BITS[d] == 8}
     weighted = {w.node for w in base.weights}
     touches = {n.name for n in model.graph.node if n.name in weighted or narrow & {*n.input, *n.output}}
@@ -309,7 +316,7 @@ def run_auto_mixed_precision(ctx: BuildContext, precision: dict[str, NodePrecisi
 
     def export(layers: list[str]) -> onnx.ModelProto:
         raised = _raised(precision, layers, amp.data_type, fused_into)
-        plan = make_plan(model, raised, **plan_kw(ctx.cfg.quant))
+        plan = planned(model, raised, stats, ctx.cfg.quant)
         ranges = activation_ranges(stats, plan, ctx.cfg.quant, model)
         return QuantGraph.calibrated(model, plan, raised, ranges, **export_kw).to_qdq()
 
@@ -394,7 +401,7 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     export_kw = {"bias_fp32": q.conv_bias_data_type == "FP32", "refine_weight_threshold": q.refine_weight_threshold}
     if q.auto_mixed_precision.enable:
         precision = run_auto_mixed_precision(ctx, precision, stats, export_kw)
-    plan = make_plan(model, precision, **plan_kw(q))
+    plan = planned(model, precision, stats, q)
     show_placement(ctx, plan)
     log.info("quantizing %d ops (%d activations, %d weights, %d biases); %d ops stay float",
              len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),

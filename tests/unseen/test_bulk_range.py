@@ -1,18 +1,19 @@
-"""A heavy-tailed tensor (a power spectrum: most values tiny, a few huge) whose MinMax step rounds most
-of its values to zero takes its KL range; a ReLU output (exact zeros, resolved values) keeps MinMax. On a
+"""A heavy-tailed tensor (a power spectrum: most values tiny, a few huge) whose 8-bit step rounds most
+of its values to zero is stored at 16 bits; a ReLU output (exact zeros, resolved values) stays 8-bit. On a
 small audio front end (frames -> Conv -> x^2 -> Sqrt -> Conv), the default build then keeps the quiet
-frames that MinMax flattens."""
+frames that an 8-bit grid flattens."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 from onnx import helper
 
-from pulsar.quant.algorithms.bulk_range import keep_bulk, rounded_to_zero
-from pulsar.quant.observers import compute_range
+from pulsar.quant.algorithms.bulk_range import flattened, widen_flattened
 from pulsar.quant.observers.histogram import TensorStats
+from pulsar.quant.plan import QuantPlan
 from tests.unseen.helpers import build_and_run, calib_config, init, save, vi
 
 
@@ -22,19 +23,20 @@ def _stats(x: np.ndarray) -> TensorStats:
     return s
 
 
-def test_power_spectrum_takes_kl_and_relu_keeps_minmax() -> None:
+def test_power_spectrum_goes_to_16_bits_and_relu_stays() -> None:
     rng = np.random.default_rng(0)
     power = (rng.normal(size=200_000) * np.exp(rng.normal(size=200_000) * 1.5)) ** 2
     relu = np.maximum(rng.normal(size=200_000) * 2.0, 0.0)
-    stats = {"power": _stats(power.astype(np.float32)), "relu": _stats(relu.astype(np.float32))}
-    ranges = {k: compute_range(s, "MinMax") for k, s in stats.items()}
-    assert rounded_to_zero(stats["power"], *ranges["power"], 256) > 0.5
-    assert rounded_to_zero(stats["relu"], *ranges["relu"], 256) < 0.1  # exact zeros do not count
-    before = dict(ranges)
-    assert keep_bulk(stats, ranges, ["power", "relu"], num_bits=8, signed=False) == ["power"]
-    assert ranges["relu"] == before["relu"]
-    assert ranges["power"][1] < before["power"][1] / 4
-    assert ranges["power"] == compute_range(stats["power"], "KL")
+    stats = {"power": _stats(power.astype(np.float32)), "relu": _stats(relu.astype(np.float32)),
+             "view": _stats(power.astype(np.float32))}
+    assert flattened(stats["power"], "U8") > 0.5 and flattened(stats["power"], "U16") < 0.1
+    assert flattened(stats["relu"], "U8") < 0.1  # exact zeros do not count
+    plan = QuantPlan(activations=["power", "relu", "view"], dtypes={"power": "U8", "relu": "U8", "view": "U8"},
+                     shared={"view": "power"})
+    assert widen_flattened(plan, stats) == ["power"]
+    assert plan.dtypes == {"power": "U16", "relu": "U8", "view": "U16"}  # the passive view follows
+    plan = QuantPlan(activations=["power"], dtypes={"power": "U8"})
+    assert widen_flattened(plan, stats, {"power"}) == [] and plan.dtypes["power"] == "U8"  # layer_configs
 
 
 def _front_end(tmp: Path) -> Path:
@@ -64,7 +66,9 @@ def test_quiet_frames_survive_the_square_law(tmp_path: Path) -> None:
     x = _audio(np.random.default_rng(99))
     outs = build_and_run(model, tmp_path / "out", cfg, {"x": x})
     log = (tmp_path / "out" / "build.log").read_text()
-    assert "bulk range" in log and "power" in log
+    assert "bulk: 1 heavy-tailed" in log or "bulk:" in log
+    assert json.loads((tmp_path / "out" / "quant" / "quant_config.json").read_text())["tensors"]["power"]["dtype"] \
+        == "U16"
     ref, npu = outs["float"][0], outs["npu"][0]
     quiet = np.abs(ref).max(axis=1) < 0.5 * np.abs(ref).max()  # frames away from the burst
     err = np.abs(npu - ref)[:, :, quiet[0]].mean() / np.abs(ref[:, :, quiet[0]]).mean()

@@ -1,29 +1,32 @@
-"""Keep the bulk of a heavy-tailed tensor: a MinMax range whose step is larger than most of its values.
+"""Keep the bulk of a heavy-tailed tensor: 16 bits where an 8-bit step is larger than most of its values.
 
-A squared magnitude (an STFT power spectrum, ``x^2`` before a Sqrt), an energy or any value with a
-long tail spans orders of magnitude: MinMax sets the 8-bit step from the rare largest value and
-most of the values round to zero. Downstream a Sqrt, a Log or a recurrent cell reads them as
-silence (Silero VAD's front end: per-chunk speech decisions agree with float 0.86 at MinMax, 0.95
-with KL). The statistics show it before anything runs: the histogram says how many of the non-zero
-values fall within half a step of zero. Where that is most of them (:data:`FLATTENED`), the tensor
-takes the KL range (its clipping keeps the distribution's bulk, unlike MSE, which weighs the tail's
-large squared errors), if that is tighter. Tensors whose values are mostly resolved keep MinMax: a
-ReLU output's exact zeros do not count (zero is on every grid), and an activation whose typical
-value spans several steps is left alone.
+A squared magnitude (an STFT power spectrum, ``x^2`` before a Sqrt), an energy, a detector's class
+scores (mostly near 0, a few near 1) or any value with a long tail spans orders of magnitude: an
+8-bit grid over its whole range rounds most of its values to zero, and downstream a Sqrt, a Log or a
+recurrent cell reads them as silence (Silero VAD's front end: per-chunk speech decisions agree with
+float 0.86). Clipping the range instead (KL, Percentile) keeps the bulk but cuts the tail, and the
+tail is often the signal itself (the scores of the objects a detector finds: a layout detector's
+box F1 fell from 0.73 to 0.70). The statistics show the problem before anything runs: the histogram
+says how many of the non-zero values fall within half a step of zero. Where that is most of them
+(:data:`FLATTENED`), the tensor is stored at 16 bits, which keeps both (a ReLU output's exact zeros do
+not count: zero is on every grid). A tensor a ``layer_configs`` entry set stays as it was set.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 
-from pulsar.quant.observers import compute_range
 from pulsar.quant.observers.histogram import TensorStats
+from pulsar.quant.plan import QuantPlan
+from pulsar.quant.scheme import BITS
 
 log = logging.getLogger(__name__)
 
 FLATTENED = 0.5  # share of the non-zero values that round to zero at which the bulk is lost
+WIDER = {"U8": "U16", "S8": "S16"}
 
 
 def rounded_to_zero(s: TensorStats, lo: float, hi: float, levels: int) -> float:
@@ -41,28 +44,34 @@ def rounded_to_zero(s: TensorStats, lo: float, hi: float, levels: int) -> float:
     return max(0.0, min(1.0, near / nonzero))
 
 
-def keep_bulk(stats: dict[str, TensorStats], ranges: dict[str, tuple[float, float]], names: list[str], *,
-              num_bits: int, signed: bool) -> list[str]:
-    """Replace, in place, the range of every tensor of ``names`` whose bulk the range flattens by its
-    KL range (when tighter); returns the tensors changed."""
-    changed = []
-    levels = 2**num_bits
-    for name in names:
+def flattened(s: TensorStats, dtype: str) -> float:
+    """:func:`rounded_to_zero` on the grid of ``dtype`` over the tensor's whole range (0 included)."""
+    if s.count == 0:
+        return 0.0
+    return rounded_to_zero(s, min(s.min, 0.0), max(s.max, 0.0), 2 ** BITS[dtype])
+
+
+def widen_flattened(plan: QuantPlan, stats: Mapping[str, TensorStats], fixed: set[str] = frozenset()) -> list[str]:
+    """Raise, in ``plan``, every 8-bit activation whose grid would round most of its non-zero values to
+    zero to 16 bits, with the passive outputs that share its grid; ``fixed`` (tensors of nodes a
+    layer_configs entry chose) are left alone. Returns the tensors raised."""
+    raised = []
+    for name in plan.activations:
+        dtype = plan.dtypes.get(name, "")
         s = stats.get(name)
-        if s is None or s.count == 0 or name not in ranges:
+        if dtype not in WIDER or name in plan.shared or name in fixed or s is None:
             continue
-        lo, hi = ranges[name]
-        share = rounded_to_zero(s, lo, hi, levels)
+        share = flattened(s, dtype)
         if share < FLATTENED:
             continue
-        klo, khi = compute_range(s, "KL", num_bits=num_bits, signed=signed, symmetric=signed)
-        if khi - klo >= hi - lo or khi - klo <= 0:
-            continue
-        ranges[name] = (klo, khi)
-        changed.append(name)
-        log.debug("bulk range: %s: %.0f%% of its non-zero values round to zero over %.4g .. %.4g; KL range "
-                  "%.4g .. %.4g", name, 100 * share, lo, hi, klo, khi)
-    if changed:
-        log.info("bulk range: %d heavy-tailed tensors whose MinMax step was larger than most of their values "
-                 "take their KL range (%s%s)", len(changed), ", ".join(changed[:3]), " ..." if len(changed) > 3 else "")
-    return changed
+        plan.dtypes[name] = WIDER[dtype]
+        raised.append(name)
+        log.debug("bulk: %s: %.0f%% of its non-zero values round to zero at %s over %.4g .. %.4g: %s", name,
+                  100 * share, dtype, s.min, s.max, WIDER[dtype])
+    for out, src in plan.shared.items():  # passive outputs follow the grid they share
+        if plan.dominator(src) in raised:
+            plan.dtypes[out] = plan.dtypes[plan.dominator(src)]
+    if raised:
+        log.info("bulk: %d heavy-tailed tensors whose 8-bit step is larger than most of their values are "
+                 "stored at 16 bits (%s%s)", len(raised), ", ".join(raised[:3]), " ..." if len(raised) > 3 else "")
+    return raised
