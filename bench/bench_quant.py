@@ -14,10 +14,13 @@ calibration included; onnxruntime: quantize_static); ``build s`` pulsar's whole 
 - ocr: PP-OCRv4 recognizer on rendered English lines, exact-match rate and character accuracy
   (1 - edit distance / length) against the ground truth. One set (``lines``).
 - mbv2: MobileNetV2, top-1 agreement with the float model (and the mean cosine between quantized
-  and float logits, a finer signal on these low-confidence crops). Two sets: ``photos`` (square
+  and float logits, a finer signal on these low-confidence crops). Three sets: ``photos`` (square
   crops of the second halves of the object photos; calibration uses the first halves; the set of
-  the earlier figures) and ``other`` (zoomed-in crops at other aspects and sizes, some upside down,
-  of photos no other set uses: microscopy, space, textures, documents, a drawing, a present box).
+  the earlier figures), ``other`` (zoomed-in crops at other aspects and sizes, some upside down,
+  of photos no other set uses: microscopy, space, textures, documents, a drawing, a present box)
+  and ``third`` (scikit-image's LFW subset, which no other set uses: 200 grey 25 x 25 photo
+  thumbnails, 100 faces and 100 background patches of Labeled Faces in the Wild; one centre-ish
+  square crop of each at 70-100% of its side, mirrored half the time, upscaled to 224).
 - cls: PP-OCR mobile v2 direction classifier (0 / 180 degrees), accuracy against the true
   orientation and agreement with the float model; half of each set is turned 180 degrees. Two sets:
   ``lines`` (evaluation words, the calibration fonts) and ``other`` (words, fonts, sizes and
@@ -63,6 +66,7 @@ ORT_METHODS = ("MinMax", "Entropy", "Percentile")
 N_CALIB = 32
 EVAL_SEED = 1
 OTHER_SEED = 2  # the second sets' draws (their sources differ anyway)
+THIRD_SEED = 3  # mbv2's third set
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -203,6 +207,36 @@ def _mbv2_eval_other(n: int) -> tuple[list[np.ndarray], list]:
     return [assets.imagenet_preprocess(c) for c in crops], [None] * n
 
 
+def _lfw_crops(n: int, seed: int, size: int = 224) -> list[np.ndarray]:
+    """``n`` RGB uint8 ``size`` x ``size`` crops of scikit-image's LFW thumbnails (photos no other
+    set uses), each thumbnail once (in a seeded order) before any repeats: a square of 70-100% of
+    the side, centre-ish (shifted by up to half the slack), mirrored half the time."""
+    from skimage import data
+
+    rng = np.random.default_rng(seed)
+    thumbs = np.clip(np.asarray(data.lfw_subset()) * 255 + 0.5, 0, 255).astype(np.uint8)  # (200, 25, 25)
+    order = rng.permutation(len(thumbs))
+    crops = []
+    for i in range(n):
+        img = thumbs[order[i % len(thumbs)]]
+        h, w = img.shape
+        side = round(min(h, w) * rng.uniform(0.7, 1.0))
+        slack_y, slack_x = h - side, w - side
+        y = slack_y // 2 + int(rng.integers(-(slack_y // 2), slack_y // 2 + 1))
+        x = slack_x // 2 + int(rng.integers(-(slack_x // 2), slack_x // 2 + 1))
+        crop = img[y : y + side, x : x + side]
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        img_rgb = Image.fromarray(np.ascontiguousarray(crop)).convert("RGB")
+        crops.append(np.asarray(img_rgb.resize((size, size), Image.BILINEAR)))
+    return crops
+
+
+def _mbv2_eval_third(n: int) -> tuple[list[np.ndarray], list]:
+    crops = _lfw_crops(n, THIRD_SEED)
+    return [assets.imagenet_preprocess(c) for c in crops], [None] * n
+
+
 def _mbv2_calib_inputs(n: int) -> list[np.ndarray]:
     """What the calibration jpgs hold, before JPEG: crops of the first photo halves."""
     crops = assets.photo_crops(n, assets.CALIB_SEED, part="calib", photos=assets.OBJECT_PHOTOS)
@@ -288,6 +322,8 @@ register(
             EvalSet("photos", "square crops, second halves of the object photos", _mbv2_eval),
             EvalSet("other", "zoomed crops 3:4-4:3, 160-320 px, flips, of photos no other set uses",
                     _mbv2_eval_other),
+            EvalSet("third", "centre-ish crops 70-100%, flips, of scikit-image's LFW photo thumbnails",
+                    _mbv2_eval_third),
         ],
         _mbv2_score,
         keys=("top1_agree", "logit_cos"),
