@@ -8,12 +8,14 @@ difference of two large, nearly equal 8-bit numbers: noise, and the classifier a
 garbage while every per-layer cosine looks fine.
 
 So instead of one more pattern, this pass finds the region a normalization must be: from a
-ReduceMean / ReduceSum of ``x`` over its trailing axes, the smallest set of nodes that reads only
+ReduceMean / ReduceSum of ``x`` over any of its axes, the smallest set of nodes that reads only
 ``x`` and constants and ends in one tensor ``y`` of ``x``'s shape, every inner tensor private to it.
 It then runs the region in onnxruntime on random rows (including nearly constant ones, which pin
 the epsilon) and fits ``y = gamma * (x - mean) / sqrt(var + eps) + beta`` per feature; a region
 that fits to float32 precision is replaced by one ``LayerNormalization``, extended to the furthest
-``y`` that still fits (gamma and beta applied later). What does not fit (RMSNorm, a residual sum,
+``y`` that still fits (gamma and beta applied later). Statistics over a middle axis (flax's
+``reduction_axes=1``, Magika's first LayerNorm) become a LayerNormalization between two Transposes
+that move that axis last and back. What does not fit (RMSNorm, a residual sum,
 anything else) is left alone, and the pass manager's onnxruntime check guards every rewrite.
 """
 
@@ -39,14 +41,18 @@ ROWS = 96            # rows the fit sees
 TOLERANCE = 2e-3     # max |fit error| relative to max |y|
 
 
-def _trailing_axis(ctx: FusionContext, node: onnx.NodeProto, rank: int) -> int | None:
+def _norm_axes(ctx: FusionContext, node: onnx.NodeProto, rank: int) -> list[int] | None:
+    """The axes (positive, sorted) a reduction normalizes over; flax / jax2tf may reduce a middle axis."""
     found = ctx.reduce_axes(node)
     if found is None or not found[0]:
         return None
     axes = sorted({a % rank for a in found[0] if -rank <= a < rank})
-    if len(axes) != len(found[0]) or axes != list(range(rank - len(axes), rank)):
-        return None
-    return axes[0] - rank
+    return axes if len(axes) == len(found[0]) else None
+
+
+def _moved(rank: int, axes: list[int]) -> list[int]:
+    """The permutation that puts ``axes`` last (in order): LayerNormalization normalizes trailing axes."""
+    return [a for a in range(rank) if a not in axes] + axes
 
 
 def _window(ctx: FusionContext, x: str, start: int) -> list[onnx.NodeProto]:
@@ -91,11 +97,14 @@ def _region(ctx: FusionContext, window: list[onnx.NodeProto], x: str, y: str) ->
     return sorted(region, key=lambda n: order[id(n)])
 
 
-def _rows(shape: list[int], axis: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Random inputs of ``shape``: rows with offsets and spreads of several sizes, some nearly flat."""
-    feat = int(np.prod(shape[axis:]))
-    lead = int(np.prod(shape[:axis])) if shape[:axis] else 1
+def _rows(shape: list[int], axes: list[int], rng: np.random.Generator) -> list[np.ndarray]:
+    """Random inputs of ``shape``: rows (the ``axes`` of one position of the others) with offsets and
+    spreads of several sizes, some nearly flat."""
+    perm = _moved(len(shape), axes)
+    feat = int(np.prod([shape[a] for a in axes]))
+    lead = int(np.prod(shape)) // feat
     runs = max(1, min(32, -(-ROWS // lead)))
+    moved_shape = [shape[a] for a in perm]
     out = []
     for k in range(runs):
         base = rng.normal(size=(lead, feat))
@@ -103,7 +112,8 @@ def _rows(shape: list[int], axis: int, rng: np.random.Generator) -> list[np.ndar
         spread = rng.uniform(0.3, 3.0, size=(lead, 1))
         if k % 4 == 3:  # nearly flat rows: their variance is of the order of epsilon
             offset, spread = np.zeros((lead, 1)), 10.0 ** rng.uniform(-3.5, -1.5, size=(lead, 1))
-        out.append((base * spread + offset).astype(np.float32).reshape(shape))
+        moved = (base * spread + offset).astype(np.float32).reshape(moved_shape)
+        out.append(np.ascontiguousarray(np.transpose(moved, np.argsort(perm))))
     return out
 
 
@@ -127,16 +137,16 @@ def _run(ctx: FusionContext, region: list[onnx.NodeProto], x: str, y: str, shape
         return None
 
 
-def _fit(xs: list[np.ndarray], ys: list[np.ndarray], axis: int,
+def _fit(xs: list[np.ndarray], ys: list[np.ndarray], axes: list[int],
          eps_candidates: list[float]) -> tuple[float, np.ndarray, np.ndarray] | None:
-    """(eps, gamma, beta) with ys = gamma * layernorm(xs, eps) + beta per feature, if one fits."""
+    """(eps, gamma, beta) with ys = gamma * layernorm(xs over ``axes``, eps) + beta per feature, if one fits."""
     shape = xs[0].shape
-    feat = int(np.prod(shape[axis:]))
-    x = np.concatenate([a.reshape(-1, feat) for a in xs]).astype(np.float64)
-    try:
-        y = np.concatenate([b.reshape(-1, feat) for b in ys]).astype(np.float64)
-    except ValueError:
+    perm = _moved(len(shape), axes)
+    feat = int(np.prod([shape[a] for a in axes]))
+    if any(b.shape != shape for b in ys):
         return None
+    x = np.concatenate([np.transpose(a, perm).reshape(-1, feat) for a in xs]).astype(np.float64)
+    y = np.concatenate([np.transpose(b, perm).reshape(-1, feat) for b in ys]).astype(np.float64)
     if y.shape != x.shape or not np.all(np.isfinite(y)):
         return None
     scale = float(np.abs(y).max()) or 1.0
@@ -189,14 +199,14 @@ def _match(ctx: FusionContext, red: onnx.NodeProto) -> bool:
             or ctx.const(x) is not None:
         return False
     shape = [int(d) for d in dims]
-    axis = _trailing_axis(ctx, red, len(shape))
-    if axis is None or int(np.prod(shape[axis:])) < 2:
+    axes = _norm_axes(ctx, red, len(shape))
+    if axes is None or int(np.prod([shape[a] for a in axes])) < 2:
         return False
     index = {id(n): k for k, n in enumerate(ctx.graph.node)}
     first = min(index[id(r)] for r in ctx.readers.get(x, [red]))
     window = _window(ctx, x, first)
     rng = np.random.default_rng(0)
-    xs = _rows(shape, axis, rng)
+    xs = _rows(shape, axes, rng)
     best: tuple[list[onnx.NodeProto], str, float, np.ndarray, np.ndarray] | None = None
     fits = 0
     for node in window:
@@ -212,7 +222,7 @@ def _match(ctx: FusionContext, red: onnx.NodeProto) -> bool:
             break
         fits += 1
         ys = _run(ctx, region, x, y, shape, xs)
-        found = _fit(xs, ys, axis, _eps_candidates(ctx, region)) if ys is not None else None
+        found = _fit(xs, ys, axes, _eps_candidates(ctx, region)) if ys is not None else None
         if found is None:
             if best is not None:
                 break  # the region grew past the normalization's affine tail
@@ -221,14 +231,26 @@ def _match(ctx: FusionContext, red: onnx.NodeProto) -> bool:
     if best is None:
         return False
     region, y, eps, gamma, beta = best
-    norm_shape = tuple(shape[axis:])
+    norm_shape = tuple(shape[a] for a in axes)
     gamma, beta = _snap(ctx, region, gamma, norm_shape), _snap(ctx, region, beta, norm_shape)
     base = ctx.node_name(region, "LayerNormalization")
-    weights = {ctx.tensor_name(f"{base}.scale"): gamma.astype(np.float32).reshape(norm_shape),
-               ctx.tensor_name(f"{base}.bias"): beta.astype(np.float32).reshape(norm_shape)}
-    fused = helper.make_node("LayerNormalization", [x, *weights], [y], name=base, axis=axis, epsilon=float(eps))
-    log.debug("layernorm recognised numerically: %d nodes from %s to %s (eps %g)", len(region), x, y, eps)
-    return ctx.fuse(region, [fused], weights)
+    weights = {ctx.tensor_name(f"{base}.scale"): np.asarray(gamma, np.float32).reshape(norm_shape),
+               ctx.tensor_name(f"{base}.bias"): np.asarray(beta, np.float32).reshape(norm_shape)}
+    trailing = axes == list(range(len(shape) - len(axes), len(shape)))
+    if trailing:
+        nodes = [helper.make_node("LayerNormalization", [x, *weights], [y], name=base, axis=axes[0] - len(shape),
+                                  epsilon=float(eps))]
+    else:  # normalized axes in the middle: LayerNormalization between two Transposes
+        perm = _moved(len(shape), axes)
+        t_in, t_out = ctx.tensor_name(f"{base}.in"), ctx.tensor_name(f"{base}.out")
+        nodes = [helper.make_node("Transpose", [x], [t_in], name=ctx.node_name(region, "Transpose"), perm=perm),
+                 helper.make_node("LayerNormalization", [t_in, *weights], [t_out], name=base, axis=-len(axes),
+                                  epsilon=float(eps)),
+                 helper.make_node("Transpose", [t_out], [y], name=ctx.node_name(region, "Transpose"),
+                                  perm=[int(i) for i in np.argsort(perm)])]
+    log.debug("layernorm recognised numerically: %d nodes from %s to %s over axes %s (eps %g)", len(region), x, y,
+              axes, eps)
+    return ctx.fuse(region, nodes, weights)
 
 
 @register_pass("fuse_layernorm_any")
