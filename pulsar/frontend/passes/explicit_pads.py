@@ -47,7 +47,8 @@ def explicit_pads(model: onnx.ModelProto) -> bool:
         rank = len(kernel)
         strides = list(attr(n, "strides", None) or [1] * rank)
         dilations = list(attr(n, "dilations", None) or [1] * rank)
-        pads = auto_pads(_text(attr(n, "auto_pad")), x[2:], kernel, strides, dilations)
+        spatial = [int(d) for d in x[2:] if isinstance(d, int)]
+        pads = auto_pads(_text(attr(n, "auto_pad")), spatial, kernel, strides, dilations)
         kept = [a for a in n.attribute if a.name not in ("auto_pad", "pads")]
         del n.attribute[:]
         n.attribute.extend(kept)

@@ -198,7 +198,7 @@ def _match(ctx: FusionContext, red: onnx.NodeProto) -> bool:
     if dims is None or not dims or not all(isinstance(d, int) and d > 0 for d in dims) or not ctx.is_float32(x) \
             or ctx.const(x) is not None:
         return False
-    shape = [int(d) for d in dims]
+    shape = [d for d in dims if isinstance(d, int)]
     axes = _norm_axes(ctx, red, len(shape))
     if axes is None or int(np.prod([shape[a] for a in axes])) < 2:
         return False

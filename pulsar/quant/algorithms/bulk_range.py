@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 
@@ -51,7 +52,8 @@ def flattened(s: TensorStats, dtype: str) -> float:
     return rounded_to_zero(s, min(s.min, 0.0), max(s.max, 0.0), 2 ** BITS[dtype])
 
 
-def widen_flattened(plan: QuantPlan, stats: Mapping[str, TensorStats], fixed: set[str] = frozenset()) -> list[str]:
+def widen_flattened(plan: QuantPlan, stats: Mapping[str, TensorStats],
+                    fixed: AbstractSet[str] = frozenset()) -> list[str]:
     """Raise, in ``plan``, every 8-bit activation whose grid would round most of its non-zero values to
     zero to 16 bits, with the passive outputs that share its grid; ``fixed`` (tensors of nodes a
     layer_configs entry chose) are left alone. Returns the tensors raised."""
