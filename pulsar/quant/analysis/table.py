@@ -32,20 +32,24 @@ def cells(r: LayerPrecision) -> list[str]:
             fmt_float(r.mse, ".3e"), fmt_float(r.sqnr_db, ".2f")]
 
 
-def table_text(rows: Sequence[LayerPrecision], title: str = TITLE) -> str:
-    """Fixed-width text: title, header, dashes, one line per layer (numbers right-aligned)."""
-    body = [cells(r) for r in rows]
-    widths = [max([len(c), *(len(b[i]) for b in body)]) for i, c in enumerate(COLUMNS)]
-    numeric = {6, 7, 8}
+def fixed_width(title: str, columns: Sequence[str], body: Sequence[Sequence[str]], numeric: set[int]) -> str:
+    """Title, header, dashes, one line per row, every column as wide as its widest cell (``numeric``
+    columns right-aligned)."""
+    widths = [max([len(c), *(len(b[i]) for b in body)]) for i, c in enumerate(columns)]
 
     def line(values: Sequence[str]) -> str:
         parts = [v.rjust(w) if i in numeric else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths,
                                                                                            strict=True))]
         return "  ".join(parts).rstrip()
 
-    out = [title, line(COLUMNS), "  ".join("-" * w for w in widths)]
+    out = [title, line(columns), "  ".join("-" * w for w in widths)]
     out += [line(b) for b in body]
     return "\n".join(out) + "\n"
+
+
+def table_text(rows: Sequence[LayerPrecision], title: str = TITLE) -> str:
+    """Fixed-width text: title, header, dashes, one line per layer (numbers right-aligned)."""
+    return fixed_width(title, COLUMNS, [cells(r) for r in rows], {6, 7, 8})
 
 
 def write_table(rows: Sequence[LayerPrecision], path: str | os.PathLike, *, title: str = TITLE) -> str:
@@ -55,17 +59,24 @@ def write_table(rows: Sequence[LayerPrecision], path: str | os.PathLike, *, titl
     return text
 
 
-def precision_table(rows: Sequence[LayerPrecision], title: str = TITLE) -> Table:
-    """The same table for the console, cosine coloured green / yellow / red (see metrics.grade)."""
-    body = []
-    for r in rows:
-        c: list[str | Text] = list(cells(r))  # shown literally by ui.table (names may hold '[' or escapes)
-        c[6] = Text(str(c[6]), style=_STYLE[grade(r.cosine)])
-        body.append(c)
-    t = table(title, COLUMNS, body)
-    for i in (6, 7, 8):
+def graded_table(title: str, columns: Sequence[str], body: Sequence[Sequence[str]], cosines: Sequence[float],
+                 graded: int, numeric: Sequence[int]) -> Table:
+    """A console table whose column ``graded`` is coloured green / yellow / red by ``cosines`` (see
+    metrics.grade); cells are shown literally by ui.table (names may hold '[' or escapes)."""
+    rows = []
+    for cell_row, cos in zip(body, cosines, strict=True):
+        c: list[str | Text] = list(cell_row)
+        c[graded] = Text(str(c[graded]), style=_STYLE[grade(cos)])
+        rows.append(c)
+    t = table(title, columns, rows)
+    for i in numeric:
         t.columns[i].justify = "right"
     return t
+
+
+def precision_table(rows: Sequence[LayerPrecision], title: str = TITLE) -> Table:
+    """The same table for the console, cosine coloured green / yellow / red (see metrics.grade)."""
+    return graded_table(title, COLUMNS, [cells(r) for r in rows], [r.cosine for r in rows], 6, (6, 7, 8))
 
 
 SLICE_TITLE = "Quant Precision Table: slices"
@@ -91,14 +102,7 @@ def slice_table_text(rows: Sequence[LayerPrecision], title: str = SLICE_TITLE) -
     body = [_slice_cells(r) for r in slice_rows(rows)]
     if not body:
         return f"{title}\nevery slice of every layer grades ok (cosine >= {COSINE_OK})\n"
-    widths = [max([len(c), *(len(b[i]) for b in body)]) for i, c in enumerate(SLICE_COLUMNS)]
-    numeric = {3, 5, 6}
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if i in numeric else v.ljust(w)
-                         for i, (v, w) in enumerate(zip(values, widths, strict=True))).rstrip()
-
-    return "\n".join([title, line(SLICE_COLUMNS), "  ".join("-" * w for w in widths), *map(line, body)]) + "\n"
+    return fixed_width(title, SLICE_COLUMNS, body, {3, 5, 6})
 
 
 def slice_table(rows: Sequence[LayerPrecision], title: str = SLICE_TITLE) -> Table | None:
@@ -106,15 +110,8 @@ def slice_table(rows: Sequence[LayerPrecision], title: str = SLICE_TITLE) -> Tab
     chosen = slice_rows(rows)
     if not chosen:
         return None
-    body = []
-    for r in chosen:
-        c: list[str | Text] = list(_slice_cells(r))
-        c[5] = Text(str(c[5]), style=_STYLE[grade(r.slice_cosine)])
-        body.append(c)
-    t = table(title, SLICE_COLUMNS, body)
-    for i in (3, 5, 6):
-        t.columns[i].justify = "right"
-    return t
+    return graded_table(title, SLICE_COLUMNS, [_slice_cells(r) for r in chosen], [r.slice_cosine for r in chosen],
+                        5, (3, 5, 6))
 
 
 def publish_slices(rows: Sequence[LayerPrecision], path: str | os.PathLike, title: str, quiet: bool) -> None:
