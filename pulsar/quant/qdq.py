@@ -201,8 +201,17 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, params: dict[str, Tensor
 
 
 def output_steps(qmodel: onnx.ModelProto) -> dict[str, float]:
-    """Graph output -> the step of the per-tensor grid it is dequantized from (outputs on a grid only)."""
-    scales = {t.name: numpy_helper.to_array(t) for t in qmodel.graph.initializer if len(t.dims) == 0}
+    """Graph output -> the step of the 8-bit per-tensor grid it is dequantized from. Outputs on a 16-bit
+    grid are left out: a slice below one of its steps spans less than 1/65535 of the tensor's range
+    (a detector class that never fires), which is no grid's fault."""
+    inits = {t.name: t for t in qmodel.graph.initializer}
     outputs = {o.name for o in qmodel.graph.output}
-    return {n.output[0]: float(scales[n.input[1]]) for n in qmodel.graph.node
-            if n.op_type == "DequantizeLinear" and n.output[0] in outputs and n.input[1] in scales}
+    steps = {}
+    for n in qmodel.graph.node:
+        if n.op_type != "DequantizeLinear" or n.output[0] not in outputs or len(n.input) < 3:
+            continue
+        scale, zp = inits.get(n.input[1]), inits.get(n.input[2])
+        if scale is not None and zp is not None and len(scale.dims) == 0 and \
+                zp.data_type in (onnx.TensorProto.UINT8, onnx.TensorProto.INT8):
+            steps[n.output[0]] = float(numpy_helper.to_array(scale))
+    return steps
