@@ -24,6 +24,7 @@ from pulsar.quant.algorithms.bulk_range import widen_flattened
 from pulsar.quant.algorithms.easy_quant import easy_quant, update_params
 from pulsar.quant.algorithms.refine_scale import refine_input_ranges
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
+from pulsar.quant.algorithms.table_inputs import widen_table_inputs
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.analysis.metrics import Accumulator, flattened_slices
 from pulsar.quant.analysis.table import publish_slices
@@ -283,6 +284,7 @@ def planned(model: onnx.ModelProto, precision: dict[str, NodePrecision], stats: 
     plan = make_plan(model, precision, **plan_kw(q))
     chosen = {o for n in model.graph.node if precision.get(n.name, NodePrecision()).explicit for o in n.output}
     widen_flattened(plan, stats, chosen)
+    widen_table_inputs(model, plan, chosen)
     return plan
 
 

@@ -111,3 +111,34 @@ def test_check_3_fails_a_slice_the_whole_tensor_hides() -> None:
     near = want.copy()
     near[:, 4:] = np.maximum(near[:, 4:].astype(np.int64) - 1, 0).astype(np.uint16)  # one step: rounding only
     assert verdict(3, near, want, {"y": CODES}, "y", c) is None
+
+
+def test_a_16_bit_table_reads_a_16_bit_input_up_to_the_op_that_computes_it(tmp_path: Path) -> None:
+    """YOLOv8's layout: box and class logits joined and split again before the class Sigmoid. The scores
+    join pixel boxes at U16, so the Sigmoid's input, the Split and Concat that carry it and the Convs
+    that compute the logits are raised to 16 bits too (an 8-bit input gives a table 256 outputs)."""
+    rng = np.random.default_rng(3)
+    nodes = [
+        helper.make_node("Conv", ["x", "wb", "bb"], ["box_logits"], name="box_conv", kernel_shape=[1, 1]),
+        helper.make_node("Conv", ["x", "wc", "bc"], ["cls_logits"], name="cls_conv", kernel_shape=[1, 1]),
+        helper.make_node("Concat", ["box_logits", "cls_logits"], ["logits"], name="logit_concat", axis=1),
+        helper.make_node("Split", ["logits", "split"], ["box_part", "cls_part"], name="split", axis=1),
+        helper.make_node("Sigmoid", ["box_part"], ["box_sig"], name="box_sig"),
+        helper.make_node("Mul", ["box_sig", "stride"], ["box_px"], name="box_scale"),
+        helper.make_node("Sigmoid", ["cls_part"], ["scores"], name="cls_sig"),
+        helper.make_node("Reshape", ["box_px", "shape_b"], ["box"], name="box_flat"),
+        helper.make_node("Reshape", ["scores", "shape_c"], ["cls"], name="cls_flat"),
+        helper.make_node("Concat", ["box", "cls"], ["y"], name="head_concat", axis=1),
+    ]
+    inits = [init("wb", rng.normal(size=(4, 3, 1, 1)).astype(np.float32)), init("bb", np.zeros(4, np.float32)),
+             init("wc", rng.normal(size=(C, 3, 1, 1)).astype(np.float32)), init("bc", np.full(C, -3.0, np.float32)),
+             init("split", np.array([4, C], np.int64)), init("stride", np.float32(640.0)),
+             init("shape_b", np.array([1, 4, A], np.int64)), init("shape_c", np.array([1, C, A], np.int64))]
+    model = save(tmp_path / "yolo.onnx", nodes, [vi("x", [1, 3, 8, 8])], [vi("y", [1, 4 + C, A])], inits)
+    outs = build_and_run(model, tmp_path / "out", calib_config(tmp_path, {"x": _samples(16, 1)}),
+                         {"x": _samples(1, 99)[0]})
+    tensors = json.loads((tmp_path / "out" / "quant" / "quant_config.json").read_text())["tensors"]
+    for name in ("cls_part", "logits", "cls_logits", "box_logits"):
+        assert tensors[name]["dtype"] == "U16", (name, tensors[name]["dtype"])
+    scores, want = outs["npu"][0][:, 4:], outs["float"][0][:, 4:]
+    assert np.abs(scores - want).max() < 0.015  # 1.5 steps of the output grid (640 / 65535)
