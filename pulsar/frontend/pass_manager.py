@@ -84,6 +84,11 @@ def _check(
     return new
 
 
+# Passes that recompute a value more exactly than the graph they replace, so the outputs move by more
+# than float32 rounding: a LayerNorm spelled E[x^2] - E[x]^2 cancels catastrophically where the mean is
+# large beside the spread (Magika's first one: outputs 4.5e-4 apart); the recogniser's own fit bound.
+PASS_RTOL = {"fuse_layernorm_any": 2e-3}
+
 def _rtol_for(ref: list[dict], output: str, rtol: float) -> float:
     """``rtol``, or 4 units in the last place of a float16 output: a folded constant computed in float32
     and rounded once differs from onnxruntime's float16 kernels by an ulp or two (eps 9.8e-4)."""
@@ -147,7 +152,7 @@ def optimize(
                 changed_any = True
                 if check:
                     start = time.perf_counter()
-                    ref = _check(name, model, samples, ref, rtol, atol)
+                    ref = _check(name, model, samples, ref, max(rtol, PASS_RTOL.get(name, 0.0)), atol)
                     record.check_seconds += time.perf_counter() - start
             record.nodes_after = len(model.graph.node)
         if not changed_any:
