@@ -22,7 +22,7 @@ from pulsar.quant.algorithms import auto_mixed_precision
 from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
 from pulsar.quant.algorithms.bulk_range import widen_flattened
 from pulsar.quant.algorithms.easy_quant import easy_quant, update_params
-from pulsar.quant.algorithms.refine_scale import refine_input_ranges
+from pulsar.quant.algorithms.refine_scale import refine_input_ranges, weighted_layer_inputs
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.algorithms.table_inputs import widen_table_inputs
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
@@ -283,7 +283,8 @@ def planned(model: onnx.ModelProto, precision: dict[str, NodePrecision], stats: 
     the outputs of nodes a layer_configs entry chose keep what it says."""
     plan = make_plan(model, precision, **plan_kw(q))
     chosen = {o for n in model.graph.node if precision.get(n.name, NodePrecision()).explicit for o in n.output}
-    widen_flattened(plan, stats, chosen)
+    refined = set() if q.disable_auto_refine_scale else weighted_layer_inputs(model, plan)
+    widen_flattened(plan, stats, chosen, refined)
     widen_table_inputs(model, plan, chosen)
     return plan
 

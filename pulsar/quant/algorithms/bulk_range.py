@@ -9,7 +9,8 @@ tail is often the signal itself (the scores of the objects a detector finds: a l
 box F1 fell from 0.73 to 0.70). The statistics show the problem before anything runs: the histogram
 says how many of the non-zero values fall within half a step of zero. Where that is most of them
 (:data:`FLATTENED`), the tensor is stored at 16 bits, which keeps both (a ReLU output's exact zeros do
-not count: zero is on every grid). A tensor a ``layer_configs`` entry set stays as it was set.
+not count: zero is on every grid). The inputs of weighted layers are left to automatic scale
+refinement, which clips them to their MSE optimum (a weighted sum averages the clipping error away). A tensor a ``layer_configs`` entry set stays as it was set.
 """
 
 from __future__ import annotations
@@ -53,15 +54,16 @@ def flattened(s: TensorStats, dtype: str) -> float:
 
 
 def widen_flattened(plan: QuantPlan, stats: Mapping[str, TensorStats],
-                    fixed: AbstractSet[str] = frozenset()) -> list[str]:
+                    fixed: AbstractSet[str] = frozenset(), refined: AbstractSet[str] = frozenset()) -> list[str]:
     """Raise, in ``plan``, every 8-bit activation whose grid would round most of its non-zero values to
     zero to 16 bits, with the passive outputs that share its grid; ``fixed`` (tensors of nodes a
-    layer_configs entry chose) are left alone. Returns the tensors raised."""
+    layer_configs entry chose) and ``refined`` (weighted-layer inputs, which automatic scale refinement
+    clips to their MSE optimum instead) are left alone. Returns the tensors raised."""
     raised = []
     for name in plan.activations:
         dtype = plan.dtypes.get(name, "")
         s = stats.get(name)
-        if dtype not in WIDER or name in plan.shared or name in fixed or s is None:
+        if dtype not in WIDER or name in plan.shared or name in fixed or name in refined or s is None:
             continue
         share = flattened(s, dtype)
         if share < FLATTENED:
