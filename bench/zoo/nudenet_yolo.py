@@ -25,7 +25,6 @@ WHEEL_FILE = "nudenet/320n.onnx"
 METRIC = "box F1 @ IoU 0.5, same class, vs float boxes"
 KEYS = ("box_f1",)
 SIZE = 320
-N_NPU = 30  # about 1 s per image in the NPUBackend simulator
 # Disjoint photos (the people are near the photos' centres, so halves would cut them away): every
 # evaluation photo shows a face or an object the detector finds; calibration has a face too.
 PHOTOS = {"eval": ("astronaut", "camera", "chelsea", "coffee"),

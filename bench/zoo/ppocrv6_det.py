@@ -23,7 +23,7 @@ WHEEL_FILE = "rapidocr/models/PP-OCRv6_det_small.onnx"
 METRIC = "probability-map cosine and text-mask IoU (p > 0.3) vs float"
 KEYS = ("mask_iou", "map_cos")
 SIZE = 320  # at 480 onnxruntime's Entropy calibrator takes 144 s
-N_EVAL, N_NPU = 40, 10
+N_EVAL, N_NPU = 40, 40
 
 
 def float_model(cache: Path) -> Path:
