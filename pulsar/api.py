@@ -39,6 +39,8 @@ class BuildResult:
     optimized_model: Path
     config: dict[str, Any]
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # the quantized graph in memory (pulsar.quant.graph.QuantGraph): what the torch executor and tests run
+    quant_graph: Any = field(default=None, repr=False, compare=False)
 
 
 def build(input: str | Path | None = None, output_dir: str | Path | None = None,
@@ -164,4 +166,4 @@ def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -
                        quantized_model=final / "quant" / "quantized.onnx",
                        quant_config=final / "quant" / "quant_config.json",
                        optimized_model=final / "frontend" / "optimized.onnx", config=data,
-                       stage_seconds=dict(st.times))
+                       stage_seconds=dict(st.times), quant_graph=ctx.quant_graph)

@@ -13,7 +13,7 @@ from typing import Any
 from bench.conformance.cases import Case
 
 
-def _worker(conn: Connection, work: str) -> None:
+def _worker(conn: Connection, work: str, runner: str) -> None:
     import logging
     import os
 
@@ -22,7 +22,10 @@ def _worker(conn: Connection, work: str) -> None:
     import onnxruntime
 
     onnxruntime.set_default_logger_severity(3)  # the node tests trip warnings (unused initializers) by design
-    from bench.conformance.runner import run_case
+    import importlib
+
+    module, _, fn = runner.partition(":")
+    run_case = getattr(importlib.import_module(module), fn)
 
     while True:
         job = conn.recv()
@@ -33,21 +36,22 @@ def _worker(conn: Connection, work: str) -> None:
 
 
 class _Slot:
-    def __init__(self, ctx: Any, work: Path) -> None:
+    def __init__(self, ctx: Any, work: Path, runner: str) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child, str(work)), daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, str(work), runner), daemon=True)
         self.proc.start()
         self.job: tuple[int, Case] | None = None
         self.started = 0.0
 
 
 def run_all(cases: list[Case], work: Path, jobs: int, timeout: float,
-            on_result: Callable[[dict[str, Any]], None] | None = None) -> Iterator[dict[str, Any]]:
+            on_result: Callable[[dict[str, Any]], None] | None = None,
+            runner: str = "bench.conformance.runner:run_case") -> Iterator[dict[str, Any]]:
     """Results of every case (in completion order); a case over ``timeout`` seconds is a ``hang``;
-    a worker that dies is a ``crash`` of its case."""
+    a worker that dies is a ``crash`` of its case. ``runner``: ``module:function`` taking (case, folder)."""
     ctx = mp.get_context("spawn")
     todo = list(enumerate(cases))[::-1]
-    slots = [_Slot(ctx, work) for _ in range(max(1, min(jobs, len(cases))))]
+    slots = [_Slot(ctx, work, runner) for _ in range(max(1, min(jobs, len(cases))))]
     try:
         while todo or any(s.job for s in slots):
             for s in slots:
@@ -79,7 +83,7 @@ def run_all(cases: list[Case], work: Path, jobs: int, timeout: float,
                 if res["status"] in ("crash", "hang") and "stage" not in res:
                     s.proc.kill()
                     s.proc.join()
-                    slots[i] = _Slot(ctx, work)
+                    slots[i] = _Slot(ctx, work, runner)
                 if on_result is not None:
                     on_result(res)
                 yield res

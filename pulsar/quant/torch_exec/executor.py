@@ -34,6 +34,20 @@ from pulsar.quant.torch_exec.ops import TORCH_OPS, Call
 Tensor = torch.Tensor
 
 
+def to_torch(arr: np.ndarray | np.generic, device: torch.device | str = "cpu") -> Tensor:
+    """A numpy array as a torch tensor of the same values: unsigned types wider than 8 bits (which
+    torch barely computes with) become int64."""
+    a = np.asarray(arr)
+    if a.dtype.kind == "u" and a.dtype.itemsize > 1:
+        a = a.astype(np.int64)
+    return torch.from_numpy(np.array(a, copy=True)).to(device)
+
+
+def to_numpy(t: Tensor, dtype: np.dtype | None = None) -> np.ndarray:
+    a = t.detach().cpu().numpy()
+    return a if dtype is None else a.astype(dtype)
+
+
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:
     """Node names / op types the executor cannot run."""
     return [f"{n.op_type} ({n.name})" for n in model.graph.node if n.op_type not in TORCH_OPS and n.op_type != "Constant"]
@@ -151,10 +165,7 @@ class QuantExecutor:
                 self.acts[name] = ActQuant(self._tensor(tq.scale))
 
     def _tensor(self, arr: np.ndarray | np.generic) -> Tensor:
-        a = np.asarray(arr)
-        if a.dtype.kind == "f":
-            a = a.astype(np.float32)
-        return torch.from_numpy(np.array(a, copy=True)).to(self.device)
+        return to_torch(arr, self.device)
 
     # ---- quantizers ----------------------------------------------------------------------------
     def act_scale(self, name: str) -> Tensor:
@@ -213,7 +224,7 @@ class QuantExecutor:
                                   "quant.enable_adaround / enable_brecq / enable_lsq off") from e
             for name, val in zip(node.output, outs, strict=False):
                 env[name] = self._fq(name, val) if quant and name in params else val
-        return {o: env[o] if o in env else feeds[o] for o in outputs}
+        return {o: env[o] if o in env else feeds[o] if o in feeds else self.consts[o] for o in outputs}
 
     def parameter_groups(self, names: Iterable[str]) -> dict[str, list[torch.nn.Parameter]]:
         """Trainable parameters of the weights / activations ``names``, by kind: ``rounding`` (AdaRound

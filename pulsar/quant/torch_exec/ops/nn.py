@@ -1,69 +1,15 @@
-"""ONNX ops in torch: one small function per op type, looked up in a registry.
-
-Our own registry rather than a converter such as onnx2torch: the fine-tuning executor has to put a
-fake quantizer on exactly the tensors the QDQ export quantizes (by ONNX tensor name) and run any
-slice of the graph (a block) from any set of tensors; an interpreter over the ONNX nodes gives both
-directly, where a converted ``nn.Module`` hides the names behind its own FX graph. Every function
-follows the ONNX operator spec (attribute defaults, opset-13 inputs in place of attributes) and is
-tested against onnxruntime on the repository's real models.
-"""
+"""Neural-network layers and the everyday ops: convolution, matrix products, pooling, normalization,
+activations, and the shape ops every CNN / transformer carries."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-Tensor = torch.Tensor
-
-
-@dataclass
-class Call:
-    """One node's call: its attributes and its inputs (None for an omitted optional input)."""
-
-    attrs: dict[str, Any]
-    inputs: list[Tensor | None]
-
-    def attr(self, name: str, default: Any = None) -> Any:
-        return self.attrs.get(name, default)
-
-    def ints(self, index: int) -> list[int] | None:
-        """A constant integer input (shape, axes, starts ...) as a list."""
-        t = self.inputs[index] if index < len(self.inputs) else None
-        return None if t is None else [int(v) for v in t.reshape(-1).tolist()]
-
-
-OpFn = Callable[[Call], Sequence[Tensor]]
-TORCH_OPS: dict[str, OpFn] = {}
-
-
-def op(*names: str) -> Callable[[OpFn], OpFn]:
-    def deco(fn: OpFn) -> OpFn:
-        for n in names:
-            TORCH_OPS[n] = fn
-        return fn
-    return deco
-
-
-def _x(c: Call, i: int = 0) -> Tensor:
-    t = c.inputs[i]
-    assert t is not None
-    return t
-
-
-def _pads(c: Call, spatial: int) -> list[int]:
-    if c.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise NotImplementedError(f"auto_pad {c.attr('auto_pad')}")
-    pads = list(c.attr("pads", [0] * (2 * spatial)))
-    # ONNX: [x1_begin, x2_begin, ..., x1_end, x2_end]; F.pad: last axis first, (begin, end) pairs
-    out: list[int] = []
-    for d in reversed(range(spatial)):
-        out += [pads[d], pads[d + spatial]]
-    return out
+from pulsar.quant.torch_exec.ops.registry import Call, OpFn, Tensor, _pads, _x, op
 
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
