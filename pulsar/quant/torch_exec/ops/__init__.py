@@ -1,6 +1,15 @@
-"""ONNX ops in torch for the fine-tuning executor, one family of ops per module, all in one registry."""
+"""ONNX ops in torch for the fine-tuning executor, one family of ops per module, all in one registry.
 
-from pulsar.quant.torch_exec.ops import nn  # noqa: F401  (registers its ops)
+Modules register in import order; a later module may replace an earlier entry of the same op type."""
+
+from pulsar.quant.torch_exec.ops import (  # noqa: F401  (each registers its ops)
+    control,
+    elementwise,
+    nn,
+    recurrent,
+    spatial,
+    tensor,
+)
 from pulsar.quant.torch_exec.ops.registry import TORCH_OPS, Call, OpFn, op
 
 __all__ = ["TORCH_OPS", "Call", "OpFn", "op"]
