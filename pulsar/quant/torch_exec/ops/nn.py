@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from pulsar.quant.torch_exec.ops.registry import Call, OpFn, Tensor, _pads, _x, op
 
-
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
@@ -185,39 +184,6 @@ def split(c: Call) -> list[Tensor]:
     return list(torch.split(x, sizes, dim=axis))
 
 
-@op("Slice")
-def slice_(c: Call) -> list[Tensor]:
-    x = _x(c)
-    starts, ends = c.ints(1) or [], c.ints(2) or []
-    axes = c.ints(3) if len(c.inputs) > 3 else None
-    steps = c.ints(4) if len(c.inputs) > 4 else None
-    axes = axes or list(range(len(starts)))
-    steps = steps or [1] * len(starts)
-    index: list[slice] = [slice(None)] * x.dim()
-    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
-        if st < 0:
-            raise NotImplementedError("Slice with a negative step")
-        dim = x.shape[a]
-        s = max(0, min(dim, s + dim if s < 0 else s))
-        e = max(0, min(dim, e + dim if e < 0 else e))
-        index[a % x.dim()] = slice(s, e, st)
-    return [x[tuple(index)]]
-
-
-@op("Pad")
-def pad(c: Call) -> list[Tensor]:
-    x = _x(c)
-    if c.attr("mode", "constant") != "constant":
-        raise NotImplementedError(f"Pad mode {c.attr('mode')}")
-    pads = c.ints(1) or c.attr("pads")
-    value = float(c.inputs[2]) if len(c.inputs) > 2 and c.inputs[2] is not None else 0.0
-    n = x.dim()
-    torch_pads: list[int] = []
-    for d in reversed(range(n)):
-        torch_pads += [pads[d], pads[d + n]]
-    return [F.pad(x, torch_pads, value=value)]
-
-
 @op("GlobalAveragePool")
 def global_avg_pool(c: Call) -> list[Tensor]:
     x = _x(c)
@@ -270,17 +236,3 @@ def avg_pool(c: Call) -> list[Tensor]:
 def batch_norm(c: Call) -> list[Tensor]:
     x, scale, bias, mean, var = (_x(c, i) for i in range(5))
     return [F.batch_norm(x, mean, var, scale, bias, training=False, eps=c.attr("epsilon", 1e-5))]
-
-
-@op("ConvTranspose")
-def conv_transpose(c: Call) -> list[Tensor]:
-    x, w = _x(c), _x(c, 1)
-    b = c.inputs[2] if len(c.inputs) > 2 else None
-    spatial = w.dim() - 2
-    pads = list(c.attr("pads", [0] * (2 * spatial)))
-    if pads[:spatial] != pads[spatial:] or c.attr("output_shape") is not None:
-        raise NotImplementedError("ConvTranspose with asymmetric pads or output_shape")
-    fn = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[spatial]
-    return [fn(x, w, b, stride=c.attr("strides", [1] * spatial), padding=pads[:spatial],
-               output_padding=c.attr("output_padding", [0] * spatial), groups=c.attr("group", 1),
-               dilation=c.attr("dilations", [1] * spatial))]
