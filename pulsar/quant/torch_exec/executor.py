@@ -10,7 +10,8 @@ stage reads what they learned (:meth:`weight_values`, :meth:`act_values`) into t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import ChainMap
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,7 @@ from pulsar.quant.torch_exec.fake_quant import (
     rectified_sigmoid_inverse,
 )
 from pulsar.quant.torch_exec.ops import TORCH_OPS, Call
+from pulsar.quant.torch_exec.ops.registry import GraphRunner
 
 Tensor = torch.Tensor
 
@@ -48,9 +50,39 @@ def to_numpy(t: Tensor, dtype: np.dtype | None = None) -> np.ndarray:
     return a if dtype is None else a.astype(dtype)
 
 
-def unsupported_ops(model: onnx.ModelProto) -> list[str]:
-    """Node names / op types the executor cannot run."""
-    return [f"{n.op_type} ({n.name})" for n in model.graph.node if n.op_type not in TORCH_OPS and n.op_type != "Constant"]
+def _graphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    out: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            out.extend(a.graphs)
+    return out
+
+
+def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> list[str]:
+    """Node names / op types the executor cannot run (in the graph and in every subgraph)."""
+    graph = model.graph if isinstance(model, onnx.ModelProto) else model
+    out = [f"{n.op_type} ({n.name})" for n in graph.node if n.op_type not in TORCH_OPS and n.op_type != "Constant"]
+    for n in graph.node:
+        for g in _graphs(n):
+            out += unsupported_ops(g)
+    return out
+
+
+def constant_value(node: onnx.NodeProto) -> np.ndarray:
+    """The value of a Constant node, whichever ``value*`` attribute holds it."""
+    a = node.attribute[0]
+    if a.name == "value":
+        return numpy_helper.to_array(a.t)
+    if a.name == "sparse_value":
+        raise PulsarError(f"Constant node {node.name!r} holds a sparse tensor; the torch executor takes dense ones")
+    value = helper.get_attribute_value(a)
+    dtype = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+             "value_ints": np.int64}.get(a.name)
+    if dtype is None:
+        raise PulsarError(f"Constant node {node.name!r}: {a.name} has no tensor form in torch")
+    return np.asarray(value, dtype)
 
 
 @dataclass
@@ -118,12 +150,14 @@ class WeightQuant:
         self.mode, self.hard = "adaround", False
 
 
-def _attrs(node: onnx.NodeProto) -> dict[str, object]:
+def _attrs(node: onnx.NodeProto, opset: int) -> dict[str, object]:
     out: dict[str, object] = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    out["_opset"] = opset
     for k, v in list(out.items()):
         if isinstance(v, bytes):
             out[k] = v.decode()
     out["_outputs"] = len(node.output)
+    out["_op"] = node.op_type
     return out
 
 
@@ -139,7 +173,10 @@ class QuantExecutor:
         self.qg, self.device = qg, torch.device(device)
         g = qg.model.graph
         self.nodes = list(g.node)
-        self.calls = [_attrs(n) for n in self.nodes]
+        self.opset = next((o.version for o in qg.model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        self.calls = [_attrs(n, self.opset) for n in self.nodes]
+        self.has_graph = [bool(_graphs(n)) for n in self.nodes]
+        self._body_attrs: dict[int, dict[str, object]] = {}
         self.graph_inputs = {i.name for i in g.input}
         self.consts: dict[str, Tensor] = {}
         for t in g.initializer:
@@ -147,7 +184,7 @@ class QuantExecutor:
             self.consts[t.name] = self._tensor(arr)
         for n in self.nodes:  # Constant nodes are constants too
             if n.op_type == "Constant":
-                self.consts[n.output[0]] = self._tensor(numpy_helper.to_array(n.attribute[0].t))
+                self.consts[n.output[0]] = self._tensor(constant_value(n))
         plan = qg.plan
         self.bias_of = {b.tensor: (b.activation, b.weight) for b in plan.biases}
         self.weights: dict[str, WeightQuant] = {}
@@ -217,14 +254,47 @@ class QuantExecutor:
                 else:
                     c = self.consts[name]
                     ins.append(self._fq(name, c) if quant and name in params else c)
+            call = Call(self.calls[idx], ins)
+            if self.has_graph[idx]:
+                call.run_graph = self._graph_runner(env)
             try:
-                outs = TORCH_OPS[node.op_type](Call(self.calls[idx], ins))
+                outs = TORCH_OPS[node.op_type](call)
             except NotImplementedError as e:
                 raise PulsarError(f"fine-tuning cannot run node {node.name!r} ({node.op_type}) in torch: {e}; turn "
                                   "quant.enable_adaround / enable_brecq / enable_lsq off") from e
             for name, val in zip(node.output, outs, strict=False):
                 env[name] = self._fq(name, val) if quant and name in params else val
         return {o: env[o] if o in env else feeds[o] if o in feeds else self.consts[o] for o in outputs}
+
+    def _graph_runner(self, scope: Mapping[str, Tensor]) -> GraphRunner:
+        def run(graph: onnx.GraphProto, inputs: Sequence[Tensor | None]) -> list[Tensor]:
+            return self._run_body(graph, inputs, scope)
+        return run
+
+    def _run_body(self, graph: onnx.GraphProto, inputs: Sequence[Tensor | None],
+                  scope: Mapping[str, Tensor]) -> list[Tensor]:
+        """A subgraph (If branch, Loop / Scan body) in float, the enclosing scope visible."""
+        env: ChainMap[str, Tensor] = ChainMap({}, dict(scope), self.consts)
+        for t in graph.initializer:
+            env[t.name] = self._tensor(numpy_helper.to_array(t))
+        for vi, value in zip(graph.input, inputs, strict=False):
+            if value is not None:
+                env[vi.name] = value
+        for node in graph.node:
+            if node.op_type == "Constant":
+                env[node.output[0]] = self._tensor(constant_value(node))
+                continue
+            attrs = self._body_attrs.get(id(node))
+            if attrs is None:
+                attrs = self._body_attrs[id(node)] = _attrs(node, self.opset)
+            call = Call(attrs, [env[n] if n else None for n in node.input])
+            if _graphs(node):
+                call.run_graph = self._graph_runner(env)
+            outs = TORCH_OPS[node.op_type](call)
+            for name, val in zip(node.output, outs, strict=False):
+                if name:
+                    env[name] = val
+        return [env[o.name] for o in graph.output]
 
     def parameter_groups(self, names: Iterable[str]) -> dict[str, list[torch.nn.Parameter]]:
         """Trainable parameters of the weights / activations ``names``, by kind: ``rounding`` (AdaRound

@@ -3,9 +3,11 @@
 Modules register in import order; a later module may replace an earlier entry of the same op type."""
 
 from pulsar.quant.torch_exec.ops import (  # noqa: F401  (each registers its ops)
+    attention,
     control,
     elementwise,
     nn,
+    pool,
     recurrent,
     spatial,
     tensor,

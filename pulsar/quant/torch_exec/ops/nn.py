@@ -44,7 +44,6 @@ def matmul(c: Call) -> list[Tensor]:
 
 _BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div, "Pow": torch.pow,
-    "Max": torch.maximum, "Min": torch.minimum,
 }
 _UNARY: dict[str, Callable[[Tensor], Tensor]] = {
     "Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "Erf": torch.erf, "Sqrt": torch.sqrt,
@@ -59,6 +58,17 @@ def _binary(name: str) -> OpFn:
 
 def _unary(name: str) -> OpFn:
     return lambda c: [_UNARY[name](_x(c))]
+
+
+@op("Max", "Min")
+def max_min(c: Call) -> list[Tensor]:
+    """Variadic, broadcasting (the node's op type is in ``_op``)."""
+    fn = torch.maximum if c.attr("_op") == "Max" else torch.minimum
+    xs = [t for t in c.inputs if t is not None]
+    out = xs[0]
+    for t in xs[1:]:
+        out = fn(out, t)
+    return [out]
 
 
 for _n in _BINARY:
@@ -111,13 +121,22 @@ def softmax(c: Call) -> list[Tensor]:
 
 @op("LayerNormalization")
 def layer_norm(c: Call) -> list[Tensor]:
+    """Y, and where the node asks for them the Mean and InvStdDev over the normalized axes (kept as size 1)."""
     x = _x(c)
     axis = c.attr("axis", -1) % x.dim()
     scale = c.inputs[1]
     bias = c.inputs[2] if len(c.inputs) > 2 else None
     shape = list(x.shape[axis:])
-    return [F.layer_norm(x, shape, None if scale is None else scale.expand(shape),
-                         None if bias is None else bias.expand(shape), eps=c.attr("epsilon", 1e-5))]
+    eps = c.attr("epsilon", 1e-5)
+    y = F.layer_norm(x, shape, None if scale is None else scale.expand(shape),
+                     None if bias is None else bias.expand(shape), eps=eps)
+    if c.n_outputs == 1:
+        return [y]
+    dims = tuple(range(axis, x.dim()))
+    xf = x.float()
+    mean = xf.mean(dim=dims, keepdim=True)
+    inv = torch.rsqrt(((xf - mean) ** 2).mean(dim=dims, keepdim=True) + eps)
+    return [y, mean, inv]
 
 
 @op("ReduceMean")
@@ -138,7 +157,8 @@ def reshape(c: Call) -> list[Tensor]:
 @op("Flatten")
 def flatten(c: Call) -> list[Tensor]:
     x = _x(c)
-    axis = c.attr("axis", 1) % (x.dim() + 1) if x.dim() else 0
+    axis = c.attr("axis", 1)
+    axis = axis + x.dim() if axis < 0 else axis
     return [x.reshape(math.prod(x.shape[:axis]), -1)]
 
 
@@ -196,43 +216,16 @@ def global_max_pool(c: Call) -> list[Tensor]:
     return [x.amax(dim=tuple(range(2, x.dim())), keepdim=True)]
 
 
-def _pool(c: Call, kind: str) -> list[Tensor]:
-    x = _x(c)
-    kernel = c.attr("kernel_shape")
-    spatial = len(kernel)
-    strides = c.attr("strides", [1] * spatial)
-    pads = list(c.attr("pads", [0] * (2 * spatial)))
-    begin, end = pads[:spatial], pads[spatial:]
-    ceil = bool(c.attr("ceil_mode", 0))
-    if c.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise NotImplementedError(f"auto_pad {c.attr('auto_pad')}")
-    if kind == "max":
-        if begin != end:
-            x = F.pad(x, _pads(c, spatial), value=-math.inf)
-            begin = [0] * spatial
-        fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[spatial]
-        return [fn(x, kernel, strides, begin, dilation=c.attr("dilations", [1] * spatial), ceil_mode=ceil)]
-    include = bool(c.attr("count_include_pad", 0))
-    if begin != end:
-        if not include:
-            raise NotImplementedError("AveragePool with asymmetric pads excluded from the count")
-        x = F.pad(x, _pads(c, spatial))
-        begin = [0] * spatial
-    afn = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[spatial]
-    return [afn(x, kernel, strides, begin, ceil_mode=ceil, count_include_pad=include)]
-
-
-@op("MaxPool")
-def max_pool(c: Call) -> list[Tensor]:
-    return _pool(c, "max")
-
-
-@op("AveragePool")
-def avg_pool(c: Call) -> list[Tensor]:
-    return _pool(c, "avg")
-
-
 @op("BatchNormalization")
 def batch_norm(c: Call) -> list[Tensor]:
+    """Inference form; ``training_mode`` 1: batch statistics, and the updated running mean and
+    (population) variance as the 2nd and 3rd outputs."""
     x, scale, bias, mean, var = (_x(c, i) for i in range(5))
-    return [F.batch_norm(x, mean, var, scale, bias, training=False, eps=c.attr("epsilon", 1e-5))]
+    eps = c.attr("epsilon", 1e-5)
+    if not c.attr("training_mode", 0):
+        return [F.batch_norm(x, mean, var, scale, bias, training=False, eps=eps)]
+    dims = [0, *range(2, x.dim())]
+    cur_mean, cur_var = x.mean(dim=dims), x.var(dim=dims, unbiased=False)
+    y = F.batch_norm(x, cur_mean, cur_var, scale, bias, training=False, eps=eps)
+    m = c.attr("momentum", 0.9)
+    return [y, mean * m + cur_mean * (1 - m), var * m + cur_var * (1 - m)]
