@@ -31,7 +31,7 @@ from pulsar.quant.analysis.table import publish_slices
 from pulsar.quant.attention import masked_range, masked_scores, true_scores
 from pulsar.quant.calibrate import collect_statistics, compute_ranges
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
-from pulsar.quant.finetune import finetune_enabled, run_finetune
+from pulsar.quant.finetune import check_finetune, finetune_enabled, run_finetune
 from pulsar.quant.graph import QuantGraph
 from pulsar.quant.joins import join_presets
 from pulsar.quant.layer_configs import resolve_layer_precision, show_layer_config_table
@@ -386,6 +386,7 @@ def run_easy_quant(ctx: BuildContext, qg: QuantGraph) -> None:
 def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     q = ctx.cfg.quant
     check_sample_dirs(ctx.cfg, ctx.model)
+    check_finetune(ctx.model, q)  # before anything expensive: what fine-tuning can train
     if q.enable_smooth_quant:
         run_smooth_quant(ctx)
     model = ctx.model

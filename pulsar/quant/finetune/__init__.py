@@ -18,14 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
+from pulsar.quant.finetune.algorithms import OBJECTIVES
 from pulsar.quant.finetune.blocks import Block, make_blocks
+from pulsar.quant.finetune.gradient import reach
 from pulsar.quant.finetune.reconstruct import BlockReport, Reconstruction, Settings, block_activations
 from pulsar.quant.finetune.store import SampleStore
 from pulsar.quant.graph import QuantGraph
+from pulsar.quant.plan import make_plan
 from pulsar.quant.torch_exec import QuantExecutor
 from pulsar.ui import literal, show, table
 from pulsar.utils.atomic import atomic_write_bytes
@@ -108,9 +112,52 @@ def _block_line(r: BlockReport, n: int) -> str:
     ins, outs = ", ".join(r.inputs), ", ".join(r.outputs)
     worse = "the hard-rounded loss was worse" if r.hard_rounding else "the loss after training was worse"
     state = f" (rolled back: {worse})" if r.rolled_back else ""
-    state = " (nothing to train)" if not r.trained else state
+    state = f" (stays calibrated: {r.reason or 'nothing to train'})" if not r.trained else state
     return (f"block {r.index}/{n}: [{ins}] -> [{outs}]  {r.layers} layer(s)  loss {r.loss_before:.6g} -> "
             f"{r.loss_after:.6g}{state}  {r.seconds:.1f} s")
+
+
+def _option(q: Any) -> str:
+    return "quant.enable_lsq" if q.enable_lsq else "quant.enable_brecq" if q.enable_brecq else "quant.enable_adaround"
+
+
+def trainable_blocks(model: onnx.ModelProto, weights: dict[str, str], q: Any) -> tuple[list[Block], list[str]]:
+    """The blocks with every weight a gradient reaches (``Block.weights`` cut to those), and one line
+    per block that cannot train or trains only some of its weights."""
+    blocks = make_blocks(model, weights, q.finetune_block_size)
+    targets = OBJECTIVES[algorithm(q)].targets
+    notes = []
+    for i, b in enumerate(blocks, 1):
+        r = reach(model, b, targets(b), weights)
+        if r.stopped:
+            through = ", ".join(r.blocked_by[:4]) or "no path to the block's outputs"
+            if not r.trainable:
+                b.reason = f"no gradient reaches its weights (through {through})"
+            what = "stays calibrated" if not r.trainable else f"{len(r.stopped)} of {len(b.weights)} weights stay calibrated"
+            notes.append(f"block {i}/{len(blocks)}: {what}: no gradient reaches {', '.join(r.stopped[:3])}"
+                         f"{' ...' if len(r.stopped) > 3 else ''} (through {through})")
+        pairs = list(zip(b.weights, b.weighted_nodes, strict=True))
+        b.weights = [w for w, _ in pairs if w in r.trainable]
+        b.weighted_nodes = [o for w, o in pairs if w in r.trainable]
+    return blocks, notes
+
+
+def check_finetune(model: onnx.ModelProto, q: Any) -> None:
+    """Before calibration: fine-tuning can train at least one block of the (optimized) model; the
+    blocks that cannot train are logged and will stay calibrated."""
+    if not finetune_enabled(q):
+        return
+    plan = make_plan(model)
+    weights = {w.tensor: w.node for w in plan.weights}
+    if not weights:
+        raise PulsarError(f"{_option(q)}: this model has no weighted layer (Conv, Gemm, MatMul with a constant "
+                          f"weight ...) for fine-tuning to train; turn {_option(q)} off")
+    blocks, notes = trainable_blocks(model, weights, q)
+    for line in notes:
+        log.info("fine-tuning: %s", line)
+    if not any(b.weights for b in blocks):
+        raise PulsarError(f"{_option(q)}: no block of this model can be trained: {notes[0] if notes else ''}; "
+                          f"turn {_option(q)} off")
 
 
 def run_finetune(ctx: BuildContext, qg: QuantGraph) -> None:
@@ -119,7 +166,9 @@ def run_finetune(ctx: BuildContext, qg: QuantGraph) -> None:
     device = resolve_device(q.device)
     settings = Settings(algorithm(q), q.finetune_epochs, q.finetune_batch_size, q.finetune_lr)
     weights = {w.tensor: w.node for w in qg.plan.weights if w.tensor in qg.params}
-    blocks = make_blocks(qg.model, weights, q.finetune_block_size)
+    blocks, notes = trainable_blocks(qg.model, weights, q)
+    for line in notes:
+        log.info("fine-tuning: %s", line)
     _show_parameters(ctx, settings, device, blocks, len(ctx.calibration))
     cache = ctx.work_dir / "cache" / f"finetune-{_cache_key(ctx, qg, settings, device)}.npz"
     if cache.is_file():

@@ -21,6 +21,7 @@ class Block:
     outputs: list[str]
     weights: list[str] = field(default_factory=list)       # trainable weights read by the block
     weighted_nodes: list[str] = field(default_factory=list)  # output tensor of each weighted layer
+    reason: str = ""                       # why the block cannot train (no gradient reaches a weight)
 
 
 def _cuts(model: onnx.ModelProto) -> tuple[list[int], list[set[str]]]:

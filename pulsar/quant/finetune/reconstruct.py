@@ -51,6 +51,7 @@ class BlockReport:
     seconds: float
     trained: bool = True
     hard_rounding: bool = True   # the after-loss is that of the hard (integer) rounding
+    reason: str = ""             # why a block did not train
 
 
 def _batch(store: SampleStore, idx: Iterable[int], names: Sequence[str], device: torch.device) -> dict[str, torch.Tensor]:
@@ -145,7 +146,7 @@ class Reconstruction:
         params = obj.prepare(exe, block, acts, s.lr)
         if not params:
             return BlockReport(index, block.inputs, block.outputs, len(block.weights), before, before, False,
-                               time.perf_counter() - start, trained=False)
+                               time.perf_counter() - start, trained=False, reason=block.reason)
         opt = torch.optim.Adam(params)
         norm = max(before, 1e-12)
         for step in range(s.steps):

@@ -10,6 +10,7 @@ stage reads what they learned (:meth:`weight_values`, :meth:`act_values`) into t
 
 from __future__ import annotations
 
+import logging
 from collections import ChainMap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,10 +31,12 @@ from pulsar.quant.torch_exec.fake_quant import (
     rectified_sigmoid,
     rectified_sigmoid_inverse,
 )
+from pulsar.quant.torch_exec.fallback import OrtNode
 from pulsar.quant.torch_exec.ops import TORCH_OPS, Call
 from pulsar.quant.torch_exec.ops.registry import GraphRunner
 
 Tensor = torch.Tensor
+log = logging.getLogger(__name__)
 
 
 def to_torch(arr: np.ndarray | np.generic, device: torch.device | str = "cpu") -> Tensor:
@@ -165,18 +168,17 @@ class QuantExecutor:
     """Float or fake-quantized execution of a :class:`QuantGraph` in torch."""
 
     def __init__(self, qg: QuantGraph, device: torch.device | str = "cpu") -> None:
-        missing = unsupported_ops(qg.model)
-        if missing:
-            raise PulsarError(f"fine-tuning cannot run this model in torch: no torch implementation of "
-                              f"{', '.join(sorted(set(missing))[:5])}; turn quant.enable_adaround / enable_brecq / "
-                              "enable_lsq off")
         self.qg, self.device = qg, torch.device(device)
         g = qg.model.graph
         self.nodes = list(g.node)
         self.opset = next((o.version for o in qg.model.opset_import if o.domain in ("", "ai.onnx")), 13)
         self.calls = [_attrs(n, self.opset) for n in self.nodes]
         self.has_graph = [bool(_graphs(n)) for n in self.nodes]
+        # nodes torch cannot run: onnxruntime runs them, without a gradient
+        self.fallback = {i: OrtNode(n, qg.model.opset_import) for i, n in enumerate(self.nodes)
+                         if n.op_type not in TORCH_OPS and n.op_type != "Constant"}
         self._body_attrs: dict[int, dict[str, object]] = {}
+        self._body_fallback: dict[int, OrtNode] = {}
         self.graph_inputs = {i.name for i in g.input}
         self.consts: dict[str, Tensor] = {}
         for t in g.initializer:
@@ -254,14 +256,19 @@ class QuantExecutor:
                 else:
                     c = self.consts[name]
                     ins.append(self._fq(name, c) if quant and name in params else c)
-            call = Call(self.calls[idx], ins)
-            if self.has_graph[idx]:
-                call.run_graph = self._graph_runner(env)
-            try:
-                outs = TORCH_OPS[node.op_type](call)
-            except NotImplementedError as e:
-                raise PulsarError(f"fine-tuning cannot run node {node.name!r} ({node.op_type}) in torch: {e}; turn "
-                                  "quant.enable_adaround / enable_brecq / enable_lsq off") from e
+            outs: Sequence[Tensor]
+            if idx in self.fallback:
+                outs = self.fallback[idx](ins)
+            else:
+                call = Call(self.calls[idx], ins)
+                if self.has_graph[idx]:
+                    call.run_graph = self._graph_runner(env)
+                try:
+                    outs = TORCH_OPS[node.op_type](call)
+                except NotImplementedError as e:  # a form torch does not run: onnxruntime runs it from now on
+                    log.debug("torch executor: %s (%s) runs in onnxruntime: %s", node.name, node.op_type, e)
+                    self.fallback[idx] = OrtNode(node, self.qg.model.opset_import)
+                    outs = self.fallback[idx](ins)
             for name, val in zip(node.output, outs, strict=False):
                 env[name] = self._fq(name, val) if quant and name in params else val
         return {o: env[o] if o in env else feeds[o] if o in feeds else self.consts[o] for o in outputs}
@@ -288,9 +295,16 @@ class QuantExecutor:
             if attrs is None:
                 attrs = self._body_attrs[id(node)] = _attrs(node, self.opset)
             call = Call(attrs, [env[n] if n else None for n in node.input])
-            if _graphs(node):
-                call.run_graph = self._graph_runner(env)
-            outs = TORCH_OPS[node.op_type](call)
+            outs: Sequence[Tensor]
+            if node.op_type not in TORCH_OPS:
+                fb = self._body_fallback.get(id(node))
+                if fb is None:
+                    fb = self._body_fallback[id(node)] = OrtNode(node, self.qg.model.opset_import)
+                outs = fb(call.inputs)
+            else:
+                if _graphs(node):
+                    call.run_graph = self._graph_runner(env)
+                outs = TORCH_OPS[node.op_type](call)
             for name, val in zip(node.output, outs, strict=False):
                 if name:
                     env[name] = val

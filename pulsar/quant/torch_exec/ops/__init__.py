@@ -1,17 +1,15 @@
 """ONNX ops in torch for the fine-tuning executor, one family of ops per module, all in one registry.
 
-Modules register in import order; a later module may replace an earlier entry of the same op type."""
+Every module of this package is imported (adding an op family is adding a file); :mod:`.nn` first."""
 
-from pulsar.quant.torch_exec.ops import (  # noqa: F401  (each registers its ops)
-    attention,
-    control,
-    elementwise,
-    nn,
-    pool,
-    recurrent,
-    spatial,
-    tensor,
-)
+import importlib
+import pkgutil
+
+from pulsar.quant.torch_exec.ops import nn  # noqa: F401  (registers its ops)
 from pulsar.quant.torch_exec.ops.registry import TORCH_OPS, Call, OpFn, op
+
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _m not in ("registry", "nn"):
+        importlib.import_module(f"{__name__}.{_m}")
 
 __all__ = ["TORCH_OPS", "Call", "OpFn", "op"]
