@@ -177,8 +177,9 @@ class QuantExecutor:
         # nodes torch cannot run: onnxruntime runs them, without a gradient
         self.fallback = {i: OrtNode(n, qg.model.opset_import) for i, n in enumerate(self.nodes)
                          if n.op_type not in TORCH_OPS and n.op_type != "Constant"}
-        self._body_attrs: dict[int, dict[str, object]] = {}
-        self._body_fallback: dict[int, OrtNode] = {}
+        # subgraphs: node list and attributes per body, keyed by the id of the (held) body graph
+        self._bodies: dict[int, tuple[onnx.GraphProto, list[onnx.NodeProto], list[dict[str, object]]]] = {}
+        self._body_fallback: dict[tuple[int, int], OrtNode] = {}
         self.graph_inputs = {i.name for i in g.input}
         self.consts: dict[str, Tensor] = {}
         for t in g.initializer:
@@ -197,6 +198,9 @@ class QuantExecutor:
                                                      self._tensor(np.asarray(tq.zero_point, np.float32)),
                                                      tq.qmin, tq.qmax, tq.axis)
         self._zps: dict[str, Tensor] = {}
+        # QDrop (Wei et al. 2022): while training, each element of a quantized activation keeps its
+        # float value with this probability, which flattens the loss for data not seen in training
+        self.drop = 0.0
         self._fixed: dict[str, Tensor] = {}
         self.acts: dict[str, ActQuant] = {}
         for name, tq in qg.params.items():
@@ -219,7 +223,10 @@ class QuantExecutor:
     def _fq(self, name: str, x: Tensor) -> Tensor:
         tq: TensorQuant = self.qg.params[name]
         if tq.kind == "activation":
-            return fake_quant(x, self.act_scale(name), self._zero_point(name, tq), tq.qmin, tq.qmax, None)
+            y = fake_quant(x, self.act_scale(name), self._zero_point(name, tq), tq.qmin, tq.qmax, None)
+            if self.drop and torch.is_grad_enabled():  # QDrop: some elements keep their float value
+                y = torch.where(torch.rand_like(x) < self.drop, x, y)
+            return y
         if name in self.weights:
             return self.weights[name].quantized()
         if tq.kind == "bias":
@@ -287,19 +294,20 @@ class QuantExecutor:
         for vi, value in zip(graph.input, inputs, strict=False):
             if value is not None:
                 env[vi.name] = value
-        for node in graph.node:
+        cached = self._bodies.get(id(graph))
+        if cached is None or cached[0] is not graph:  # the graph is held, so its id stays its own
+            cached = self._bodies[id(graph)] = (graph, list(graph.node), [_attrs(n, self.opset) for n in graph.node])
+        _, body_nodes, body_attrs = cached
+        for k, (node, attrs) in enumerate(zip(body_nodes, body_attrs, strict=True)):
             if node.op_type == "Constant":
                 env[node.output[0]] = self._tensor(constant_value(node))
                 continue
-            attrs = self._body_attrs.get(id(node))
-            if attrs is None:
-                attrs = self._body_attrs[id(node)] = _attrs(node, self.opset)
             call = Call(attrs, [env[n] if n else None for n in node.input])
             outs: Sequence[Tensor]
             if node.op_type not in TORCH_OPS:
-                fb = self._body_fallback.get(id(node))
+                fb = self._body_fallback.get((id(graph), k))
                 if fb is None:
-                    fb = self._body_fallback[id(node)] = OrtNode(node, self.qg.model.opset_import)
+                    fb = self._body_fallback[(id(graph), k)] = OrtNode(node, self.qg.model.opset_import)
                 outs = fb(call.inputs)
             else:
                 if _graphs(node):
