@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per test before it counts as a hang")
     ap.add_argument("--json", type=Path, help="write every result here")
     ap.add_argument("--docs", type=Path, help="write the support table (markdown) here")
+    ap.add_argument("--torch-json", type=Path,
+                    help="the torch executor's results (python -m bench.conformance.torch_exec --json) for the docs")
     ap.add_argument("--work-dir", type=Path, help="keep the builds here (default: a temporary folder)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -46,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"results": results, "skipped": skipped}, indent=1, default=str) + "\n")
     if args.docs:
-        write_docs(args.docs, results, skipped, ", ".join(INPUT_TYPES.values()))
+        torch = None
+        if args.torch_json:
+            torch = {r["name"]: r for r in json.loads(args.torch_json.read_text())}
+        write_docs(args.docs, results, skipped, ", ".join(INPUT_TYPES.values()), torch)
     return 0
 
 

@@ -103,8 +103,19 @@ def _reasons(res: dict[str, Any]) -> str:
     return "; ".join(sorted({f"{op}: {_short(r)}" for op, d, r in places if d == "CPU" and r}))
 
 
-def _op_rows(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """One row per operator (the ops of its tests): opsets, verdicts, where it runs, worst cosine."""
+def torch_cell(rs: list[dict[str, Any]], torch: dict[str, dict[str, Any]] | None) -> str:
+    """The torch executor's verdicts over these tests (``bench.conformance.torch_exec``): ok / mismatch
+    / error counts, ``-`` where pulsar does not build them."""
+    if torch is None:
+        return "-"
+    counts = Counter(torch[r["name"]]["status"] for r in rs if r["name"] in torch
+                     and torch[r["name"]]["status"] not in ("refused",))
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "-"
+
+
+def _op_rows(groups: dict[str, list[dict[str, Any]]], torch: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """One row per operator (the ops of its tests): opsets, verdicts, where it runs, worst cosine, the
+    torch executor's verdicts."""
     rows = []
     for key in sorted(groups):
         rs = groups[key]
@@ -118,12 +129,15 @@ def _op_rows(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
                     + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items())) + " | "
                     + ", ".join(f"{k} {v}" for k, v in sorted(places.items())) + " | "
                     + " / ".join("-" if math.isnan(worst[m]) else f"{worst[m]:.4f}" for m in MODES) + " | "
+                    + torch_cell(rs, torch) + " | "
                     + "; ".join(why).replace("|", "\\|") + " |")
     return rows
 
 
-def write_docs(path: Path, results: list[dict[str, Any]], skipped: dict[str, str], types: str) -> None:
-    """The support table: per operator, then per test, where it runs and how accurately."""
+def write_docs(path: Path, results: list[dict[str, Any]], skipped: dict[str, str], types: str,
+               torch: dict[str, dict[str, Any]] | None = None) -> None:
+    """The support table: per operator, then per test, where it runs and how accurately, and whether
+    fine-tuning's torch executor runs it as onnxruntime does (``torch``: its results by test name)."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     plain = {r["name"]: "+".join(r["ops"]) for r in results if "_expanded" not in r["name"]}
     for r in results:
@@ -149,20 +163,25 @@ def write_docs(path: Path, results: list[dict[str, Any]], skipped: dict[str, str
         "  disagrees with it (noted); random ops (Dropout in training mode) are run but not judged.",
         "- Calibration data must be finite: tests whose inputs hold NaN / inf calibrate on them with NaN as 0",
         "  and infinities as the float32 extremes, and run on the real inputs.",
+        "- **torch**: fine-tuning's torch executor on the built graph (`python -m bench.conformance.torch_exec`):",
+        "  `ok` when its float outputs equal onnxruntime's (max abs error <= 1e-5 of the output's range, integer",
+        "  outputs exact) and its fake-quantized outputs equal the QDQ model's in onnxruntime with",
+        "  `session.disable_quant_qdq`; `missing` when an op has no torch function (it then runs in",
+        "  onnxruntime, without a gradient); the per-test note says why a test is not ok.",
         "",
         f"Eligible tests (every graph input {types}): {len(results)}; "
         + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f". Skipped for their input types: {len(skipped)}.",
         "",
         "## Per operator",
         "",
-        "| ops | opsets | tests | where | worst cos NPUBackend / Reference | CPU placement or refusal reasons |",
-        "|---|---|---|---|---|---|",
-        *_op_rows(groups),
+        "| ops | opsets | tests | where | worst cos NPUBackend / Reference | torch | CPU placement or refusal reasons |",
+        "|---|---|---|---|---|---|---|",
+        *_op_rows(groups, torch),
         "",
         "## Per test",
         "",
-        "| ops | test | opset | where | cos NPUBackend | cos Reference | note |",
-        "|---|---|---|---|---|---|---|",
+        "| ops | test | opset | where | cos NPUBackend | cos Reference | torch | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for key in sorted(groups):
         for r in groups[key]:
@@ -171,9 +190,13 @@ def write_docs(path: Path, results: list[dict[str, Any]], skipped: dict[str, str
                 label, note = where(r)[0], _reasons(r) if verdict == "ok" else f"{verdict}: {detail}"
             else:
                 label, note = "refused", detail
+            t = (torch or {}).get(r["name"], {})
+            tcell = "-" if not t or t["status"] == "refused" else t["status"]
+            if t.get("status") not in (None, "ok", "refused") and t.get("why"):
+                note = f"{note}; torch: {t['why']}".lstrip("; ")
             note = note.replace("|", "\\|")
             out.append(f"| {key} | {r['name']} | {r['opset']} | {label} | {_cell(r, 'NPUBackend')} | "
-                       f"{_cell(r, 'Reference')} | {note} |")
+                       f"{_cell(r, 'Reference')} | {tcell} | {note} |")
     out += ["", "## Not built: input types", "", "| test | why |", "|---|---|"]
     out += [f"| {name} | {why} |" for name, why in sorted(skipped.items())]
     path.write_text("\n".join(out) + "\n")
