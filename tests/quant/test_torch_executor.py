@@ -148,3 +148,28 @@ def test_straight_through_and_lsq_gradients() -> None:
 def test_rectified_sigmoid_reaches_zero_and_one() -> None:
     h = rectified_sigmoid(torch.tensor([-20.0, 0.0, 20.0]))
     assert h.tolist() == [0.0, pytest.approx(0.5), 1.0]
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1])
+@pytest.mark.parametrize("learned_scale", [False, True])
+def test_training_fake_quant_has_the_reference_gradients(axis: int | None, learned_scale: bool) -> None:
+    """While training, torch's fused fake-quantize kernels stand in for the QuantizeLinear arithmetic:
+    the same values here, and the same straight-through / clipping / LSQ scale gradients as the
+    step-by-step reference (run in float64, where the fused kernels are not used)."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 8, 5, 5) * 3
+    shape = () if axis is None else (8,)
+    s, z = torch.rand(shape) + 0.05, torch.zeros(shape)
+    weights = torch.arange(x.numel(), dtype=torch.float64).reshape(x.shape)
+    xa, sa = x.clone().requires_grad_(True), s.clone().requires_grad_(learned_scale)
+    ya = fake_quant(xa, sa, z, -128, 127, axis)
+    (ya * weights.float()).sum().backward()
+    xd, sd = x.double().requires_grad_(True), s.double().requires_grad_(learned_scale)
+    yd = fake_quant(xd, sd, z.double(), -128, 127, axis)
+    (yd * weights).sum().backward()
+    assert xa.grad is not None and xd.grad is not None
+    torch.testing.assert_close(ya.detach().double(), yd.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(xa.grad.double(), xd.grad, rtol=0, atol=0)
+    if learned_scale:
+        assert sa.grad is not None and sd.grad is not None
+        torch.testing.assert_close(sa.grad.double(), sd.grad, rtol=1e-5, atol=0)

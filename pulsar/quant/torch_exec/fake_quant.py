@@ -39,7 +39,30 @@ def channel_shape(x: Tensor, axis: int | None) -> list[int]:
     return shape
 
 
+def _native(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int, axis: int | None) -> Tensor:
+    """torch's fused fake-quantize kernels (one pass forward, one backward, the same straight-through
+    and clipping gradients, LSQ's scale gradient where the scale is trained). They multiply by 1 /
+    scale where QuantizeLinear divides, so a value on a rounding tie can land one step off: used
+    while training only, where that does not matter, never for the outputs compared or kept."""
+    if scale.requires_grad:
+        if axis is None or not scale.dim():
+            return torch._fake_quantize_learnable_per_tensor_affine(
+                x, scale.reshape(1), zero_point.reshape(1).to(x.dtype), qmin, qmax, 1.0)
+        return torch._fake_quantize_learnable_per_channel_affine(
+            x, scale, zero_point.to(x.dtype).expand_as(scale), axis, qmin, qmax, 1.0)
+    if axis is None or not scale.dim():
+        return torch.fake_quantize_per_tensor_affine(x, scale.reshape(()), zero_point.reshape(()).to(torch.int32),
+                                                     qmin, qmax)
+    return torch.fake_quantize_per_channel_affine(x, scale, zero_point.to(torch.int32).expand_as(scale), axis,
+                                                  qmin, qmax)
+
+
 def fake_quant(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int, axis: int | None) -> Tensor:
+    # not for 32-bit grids (biases: beyond float32's exact integers) nor 1-D tensors (torch's learnable
+    # per-channel kernel returns a wrong-shaped scale gradient there)
+    if torch.is_grad_enabled() and x.dtype == torch.float32 and (x.requires_grad or scale.requires_grad) \
+            and scale.dtype == torch.float32 and x.dim() >= 2 and qmax - qmin <= 65535:
+        return _native(x, scale, zero_point, qmin, qmax, axis)
     shape = channel_shape(x, axis) if scale.dim() else []
     s = scale.reshape(shape) if shape else scale
     z = zero_point.reshape(shape) if shape else zero_point

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from pulsar.quant.torch_exec.ops.registry import Call, OpFn, Tensor, _pads, _x, op
+from pulsar.quant.torch_exec.ops.registry import Call, OpFn, Tensor, _x, onnx_pads, op, torch_pads
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -19,10 +19,12 @@ def conv(c: Call) -> list[Tensor]:
     x, w = _x(c), _x(c, 1)
     b = c.inputs[2] if len(c.inputs) > 2 else None
     spatial = w.dim() - 2
-    pads = _pads(c, spatial)
-    if any(pads):
-        x = F.pad(x, pads)
-    return [_CONV[spatial](x, w, b, stride=c.attr("strides", [1] * spatial),
+    pads = onnx_pads(c, x, list(w.shape[2:]))
+    padding: list[int] = pads[:spatial]
+    if pads[:spatial] != pads[spatial:]:  # asymmetric: padded apart (symmetric pads cost no copy)
+        x = F.pad(x, torch_pads(pads))
+        padding = [0] * spatial
+    return [_CONV[spatial](x, w, b, stride=c.attr("strides", [1] * spatial), padding=padding,
                            dilation=c.attr("dilations", [1] * spatial), groups=c.attr("group", 1))]
 
 
@@ -94,8 +96,7 @@ def hard_sigmoid(c: Call) -> list[Tensor]:
 
 @op("HardSwish")
 def hard_swish(c: Call) -> list[Tensor]:
-    x = _x(c)
-    return [x * torch.clamp(x / 6.0 + 0.5, 0.0, 1.0)]
+    return [F.hardswish(_x(c))]  # x * clamp(x / 6 + 1 / 2, 0, 1), fused
 
 
 @op("LeakyRelu")
