@@ -25,3 +25,29 @@ SUBSET = [
     # onnxruntime itself cannot run it
     "test_simple_rnn_batchwise",
 ]
+
+# The torch executor's CI subset (tests/bench/test_torch_conformance.py): the ONNX subset plus a test or
+# two of each op family fine-tuning must run (``python -m bench.conformance.torch_exec --subset``)
+TORCH_SUBSET = [
+    *SUBSET,
+    # recurrent, control flow
+    "test_lstm_with_peepholes", "test_gru_seq_length", "test_rnn_seq_length", "test_simple_rnn_defaults",
+    "test_scan9_sum", "test_loop11", "test_if", "test_range_float_type_positive_delta_expanded",
+    # resampling, transposed convolution, pooling
+    "test_resize_upsample_scales_linear", "test_resize_downsample_scales_cubic", "test_resize_tf_crop_and_resize",
+    "test_resize_upsample_sizes_nearest_floor_align_corners", "test_convtranspose_output_shape",
+    "test_convtranspose_autopad_same", "test_averagepool_2d_same_upper", "test_maxpool_with_argmax_2d_precomputed_pads",
+    "test_gridsample_bilinear", "test_instancenorm_example", "test_group_normalization_example",
+    # index, shape, reductions, comparisons, casts
+    "test_gather_elements_negative_indices", "test_gathernd_example_int32_batch_dim1", "test_scatter_elements_with_reduction_max",
+    "test_scatternd_add", "test_reflect_pad", "test_edge_pad", "test_wrap_pad", "test_slice_neg_steps",
+    "test_einsum_batch_matmul", "test_cumsum_1d_reverse_exclusive", "test_top_k", "test_nonzero_example",
+    "test_reduce_log_sum_exp_keepdims_random", "test_argmax_keepdims_random_select_last_index",
+    "test_cast_FLOAT_to_DOUBLE", "test_cast_FLOAT_to_FLOAT16", "test_castlike_FLOAT16_to_FLOAT_expanded", "test_where_long_example", "test_equal",
+    "test_less_equal_bcast", "test_mod_mixed_sign_int32", "test_round", "test_bitshift_right_uint16",
+    "test_quantizelinear_axis", "test_dequantizelinear_blocked", "test_onehot_with_axis", "test_tril",
+    "test_depthtospace_crd_mode_example", "test_nllloss_NCd1d2_with_weight_reduction_mean",
+    # transformer ops
+    "test_attention_3d_gqa", "test_rotary_embedding", "test_rms_normalization_2d_axis1", "test_layer_normalization_4d_axis1",
+    "test_dft", "test_stft",
+]
