@@ -52,7 +52,7 @@ def lp_norm(c: Call) -> list[Tensor]:
     x = _x(c)
     axis, p = int(c.attr("axis", -1)), int(c.attr("p", 2))
     norm = x.abs().sum(dim=axis, keepdim=True) if p == 1 else torch.sqrt((x * x).sum(dim=axis, keepdim=True))
-    return [x / norm]
+    return [x / torch.where(norm == 0, torch.ones_like(norm), norm)]  # a zero vector stays zero (onnxruntime)
 
 
 @op("MeanVarianceNormalization")
