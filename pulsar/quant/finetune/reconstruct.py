@@ -2,8 +2,12 @@
 
 Block by block, in graph order: the block is fed the *quantized* output of the blocks before it
 (with what they learned) and trained to reproduce the *float* block's output on the float input.
-After training the rounding is made hard and the loss measured again on the same held samples; a
-block that ends worse than it started is rolled back to its calibrated parameters. The block inputs
+After training the rounding is made hard and the loss measured again on held-out samples that no
+training batch draws (a quarter of the samples, 4 to 16, where there are at least 16): a block that
+ends worse there than it started, having fitted its training batches but not generalized, is
+rolled back to its calibrated parameters. BRECQ and LSQ train with QDrop (Wei et al. 2022): each
+element of the block's input and of its quantized activations keeps its float value with
+probability 0.5, which flattens the loss around the learned parameters. The block inputs
 of every sample (float and quantized) live in two bounded :class:`SampleStore` objects and are
 advanced through each block once it is done.
 """
@@ -26,7 +30,9 @@ from pulsar.quant.torch_exec import QuantExecutor
 
 log = logging.getLogger(__name__)
 
-EVAL_SAMPLES = 16  # samples the before / after loss of a block is measured on (the same ones)
+EVAL_SAMPLES = 16  # at most this many samples judge a block's loss before / after training
+MIN_HELD = 4  # held-out samples needed to judge on samples kept out of training
+HELD_FROM = 16  # samples from which some are held out (fewer: training needs them all)
 CHUNK = 8  # samples per forward pass outside training (targets, next inputs, losses)
 
 
@@ -37,6 +43,8 @@ class Settings:
     batch_size: int
     lr: float
     seed: int = 0
+    qdrop: float = 0.0       # QDrop probability (0: off)
+    held_out: bool = False   # judge the rollback on samples kept out of training
 
 
 @dataclass
@@ -87,20 +95,31 @@ class Reconstruction:
         out: dict[str, torch.Tensor] = torch.func.vmap(one)(stacked)
         return {k: v.flatten(0, 1) for k, v in out.items()}
 
+    def split(self, n: int) -> tuple[list[int], list[int]]:
+        """(training samples, held-out samples the rollback judges on). With enough samples the
+        held-out ones are never drawn for training, so a block that fits its training batches but
+        generalizes worse is rolled back; with few, both are all samples."""
+        if not self.settings.held_out or n < HELD_FROM:
+            every = list(range(n))
+            return every, every[:EVAL_SAMPLES]
+        k = min(EVAL_SAMPLES, max(MIN_HELD, n // 4))
+        order = np.random.default_rng(self.settings.seed + 1).permutation(n)
+        return sorted(int(i) for i in order[k:]), sorted(int(i) for i in order[:k])
+
     def _chunks(self, n: int) -> list[list[int]]:
         """Sample indices in groups run as one batch outside training."""
         return [list(range(i, min(n, i + CHUNK))) for i in range(0, n, CHUNK)]
 
-    def _loss(self, block: Block, tgt: SampleStore, q: SampleStore, n: int, targets: list[str]) -> float:
-        """Mean over the first ``n`` samples of the per-sample loss (the quantized block against its target)."""
+    def _loss(self, block: Block, tgt: SampleStore, q: SampleStore, held: list[int], targets: list[str]) -> float:
+        """Mean over the samples ``held`` of the per-sample loss (the quantized block against its target)."""
         total = 0.0
         with torch.no_grad():
-            for idx in self._chunks(n):
+            for idx in [held[i:i + CHUNK] for i in range(0, len(held), CHUNK)]:
                 o = self._run(block, _batch(q, idx, block.inputs, self.device), targets, True, len(idx))
                 t = _batch(tgt, idx, targets, self.device)
                 per = torch.stack([((o[k] - t[k]) ** 2).reshape(len(idx), -1).mean(1) for k in targets]).mean(0)
                 total += float(per.sum())
-        return total / max(1, n)
+        return total / max(1, len(held))
 
     def _check_batching(self, block: Block, fp: SampleStore) -> bool:
         """Whether samples can simply be concatenated along axis 0 in this block: the float block on
@@ -139,7 +158,7 @@ class Reconstruction:
         start = time.perf_counter()
         exe, s, obj = self.exe, self.settings, self.objective
         targets = obj.targets(block)
-        held = min(EVAL_SAMPLES, len(q))
+        train, held = self.split(len(q))
         before = self._loss(block, tgt, q, held, targets)
         saved_w = {w: exe.weight_values(w) for w in block.weights}
         saved_a = {a: exe.act_values(a) for a in acts}
@@ -149,10 +168,16 @@ class Reconstruction:
                                time.perf_counter() - start, trained=False, reason=block.reason)
         opt = torch.optim.Adam(params)
         norm = max(before, 1e-12)
+        exe.drop = s.qdrop
         for step in range(s.steps):
-            idx = self.rng.integers(0, len(q), size=s.batch_size)
+            idx = self.rng.choice(train, size=s.batch_size)
             target = _batch(tgt, idx, targets, self.device)
-            out = self._run(block, _batch(q, idx, block.inputs, self.device), targets, True, len(idx))
+            feeds = _batch(q, idx, block.inputs, self.device)
+            if s.qdrop:  # QDrop on the block input too: elements of the float input in place of the quantized
+                fp_feeds = _batch(fp, idx, block.inputs, self.device)
+                feeds = {k: torch.where(torch.rand_like(v) < s.qdrop, fp_feeds[k], v) if v.is_floating_point()
+                         else v for k, v in feeds.items()}
+            out = self._run(block, feeds, targets, True, len(idx))
             loss = _mse(out, target) / norm
             reg = obj.regularizer(exe, block, step, s.steps)
             if reg is not None:
@@ -162,6 +187,7 @@ class Reconstruction:
             opt.step()
             if progress is not None:
                 progress(step + 1)
+        exe.drop = 0.0
         obj.harden(exe, block)
         after = self._loss(block, tgt, q, held, targets)
         rolled_back = not (after <= before) or not np.isfinite(after)
