@@ -55,3 +55,36 @@ def test_qdrop_keeps_float_values_while_training_only(tiny: dict, tmp_path: Path
     assert bool((diff <= scale * 1.001).all()) and float((diff > 0).float().mean()) < 0.01
     mixed.sum().backward()  # the gradient flows through both kinds of element
     assert x.grad is not None and bool((x.grad[kept] == 1).all())
+
+
+_ONE_SAMPLE = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,4,8,8] x) => (float[1,10] y) {
+    a = Conv <pads = [1, 1, 1, 1]> (x, w1)
+    r = Relu (a)
+    s = Constant <value = int64[2] {1, 256}> ()
+    f = Reshape (r, s)
+    y = Gemm <transB = 1> (f, w2)
+}"""
+
+
+def test_a_graph_written_for_one_sample_trains_with_qdrop(tmp_path: Path) -> None:
+    """A Reshape to [1, ...] cannot take stacked samples: the block runs per sample under vmap, where
+    QDrop's random draws must be allowed (they differ per sample)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    m = onnx.parser.parse_model(_ONE_SAMPLE)
+    m.graph.initializer.extend([numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), "w1"),
+                                numpy_helper.from_array((rng.standard_normal((10, 256)) * 0.1).astype(np.float32), "w2")])
+    src, calib = tmp_path / "m.onnx", tmp_path / "calib"
+    onnx.save(m, src)
+    calib.mkdir()
+    for i in range(8):
+        np.save(calib / f"{i}.npy", rng.standard_normal((1, 4, 8, 8)).astype(np.float32))
+    cfg = {"quant": {"input_configs": [{"tensor_name": "x", "calibration_dataset": str(calib),
+                                        "calibration_format": "Numpy", "calibration_size": 8}],
+                     "enable_lsq": True, "finetune_epochs": 5, "finetune_block_size": 4}}
+    built = pulsar.build(src, tmp_path / "out", cfg, quiet=True)
+    assert "block 1/" in (tmp_path / "out" / "build.log").read_text() and built.compiled_model.exists()

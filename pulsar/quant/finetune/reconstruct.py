@@ -92,7 +92,8 @@ class Reconstruction:
             return self.exe.run(block.nodes, sample, names, quant=quant)
 
         stacked = {k: v.reshape(n, v.shape[0] // n, *v.shape[1:]) for k, v in feeds.items()}
-        out: dict[str, torch.Tensor] = torch.func.vmap(one)(stacked)
+        # "different": QDrop draws its own elements for every sample, as on a stacked batch
+        out: dict[str, torch.Tensor] = torch.func.vmap(one, randomness="different")(stacked)
         return {k: v.flatten(0, 1) for k, v in out.items()}
 
     def split(self, n: int) -> tuple[list[int], list[int]]:
