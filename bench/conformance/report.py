@@ -134,6 +134,15 @@ def _op_rows(groups: dict[str, list[dict[str, Any]]], torch: dict[str, dict[str,
     return rows
 
 
+TORCH_LEGEND = [
+    "- **torch**: fine-tuning's torch executor on the built graph (`python -m bench.conformance.torch_exec",
+    "  --docs docs/onnx_support.md`): `ok` when its float outputs equal onnxruntime's (max abs error <= 1e-5",
+    "  of the output's range, integer outputs exact) and its fake-quantized outputs equal the QDQ model's in",
+    "  onnxruntime with `session.disable_quant_qdq`; `missing` when an op has no torch function (it then runs",
+    "  in onnxruntime, without a gradient); the per-test note says why a test is not ok.",
+]
+
+
 def write_docs(path: Path, results: list[dict[str, Any]], skipped: dict[str, str], types: str,
                torch: dict[str, dict[str, Any]] | None = None) -> None:
     """The support table: per operator, then per test, where it runs and how accurately, and whether
@@ -163,11 +172,7 @@ def write_docs(path: Path, results: list[dict[str, Any]], skipped: dict[str, str
         "  disagrees with it (noted); random ops (Dropout in training mode) are run but not judged.",
         "- Calibration data must be finite: tests whose inputs hold NaN / inf calibrate on them with NaN as 0",
         "  and infinities as the float32 extremes, and run on the real inputs.",
-        "- **torch**: fine-tuning's torch executor on the built graph (`python -m bench.conformance.torch_exec`):",
-        "  `ok` when its float outputs equal onnxruntime's (max abs error <= 1e-5 of the output's range, integer",
-        "  outputs exact) and its fake-quantized outputs equal the QDQ model's in onnxruntime with",
-        "  `session.disable_quant_qdq`; `missing` when an op has no torch function (it then runs in",
-        "  onnxruntime, without a gradient); the per-test note says why a test is not ok.",
+        *TORCH_LEGEND,
         "",
         f"Eligible tests (every graph input {types}): {len(results)}; "
         + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f". Skipped for their input types: {len(skipped)}.",
@@ -199,4 +204,59 @@ def write_docs(path: Path, results: list[dict[str, Any]], skipped: dict[str, str
                        f"{_cell(r, 'Reference')} | {tcell} | {note} |")
     out += ["", "## Not built: input types", "", "| test | why |", "|---|---|"]
     out += [f"| {name} | {why} |" for name, why in sorted(skipped.items())]
+    path.write_text("\n".join(out) + "\n")
+
+
+def _groups_of(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Test results by the support table's row key (its ops; an expanded test under its function's op)."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    plain = {r["name"]: "+".join(r["ops"]) for r in results if "_expanded" not in r["name"]}
+    for r in results:
+        if "_expanded" not in r["name"]:
+            groups[plain[r["name"]]].append(r)
+            continue
+        base = r["name"].split("_expanded")[0]
+        groups[f"{plain[base]} (expanded)" if base in plain else "(function, expanded)"].append(r)
+    return groups
+
+
+def add_torch_column(path: Path, torch: dict[str, dict[str, Any]]) -> None:
+    """Put the torch executor's verdicts into an existing support table (both tables gain a ``torch``
+    column after the cosines), so the torch conformance can refresh the docs without rebuilding the
+    whole ONNX suite in both run modes."""
+    groups = _groups_of(list(torch.values()))
+    out: list[str] = []
+    section = ""
+    text = path.read_text()
+    if "- **torch**:" not in text:  # the column's legend, after the list that explains the others
+        text = text.replace("\n\nEligible tests", "\n" + "\n".join(TORCH_LEGEND) + "\n\nEligible tests", 1)
+    done: set[str] = set()  # tables that have the column already: its cells are replaced
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section = line
+        tables = {"## Per operator": 5, "## Per test": 6}  # the torch column goes before this cell
+        at = tables.get(section)
+        if line.startswith("| ops |") and "| torch |" in line:
+            done.add(section)
+        if at is None or not line.startswith("|") or (section in done and line.startswith("| ops |")):
+            out.append(line)
+            continue
+        if line.startswith("|---"):
+            out.append(line if section in done else line + "---|")
+            continue
+        cells = line[2:-2].split(" | ")
+        if section in done:  # drop the old torch cell and note
+            del cells[at]
+            cells[-1] = cells[-1].split("; torch: ")[0] if not cells[-1].startswith("torch: ") else ""
+        if cells[0] == "ops":
+            value = "torch"
+        elif section == "## Per operator":
+            value = torch_cell(groups.get(cells[0], []), torch)
+        else:
+            t = torch.get(cells[1], {})
+            value = "-" if not t or t["status"] == "refused" else t["status"]
+            if t.get("status") not in (None, "ok", "refused") and t.get("why"):
+                why = t["why"].replace("|", "\\|")
+                cells[-1] = f"{cells[-1]}; torch: {why}" if cells[-1].strip() else f"torch: {why}"
+        out.append("| " + " | ".join([*cells[:at], value, *cells[at:]]) + " |")
     path.write_text("\n".join(out) + "\n")

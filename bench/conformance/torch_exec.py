@@ -31,6 +31,7 @@ import onnx
 
 from bench.conformance.cases import Case, collect
 from bench.conformance.pool import run_all
+from bench.conformance.report import add_torch_column
 from bench.conformance.runner import _config, _first_line
 from bench.conformance.subset import TORCH_SUBSET
 
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--docs", type=Path, help="add the torch column to this support table (docs/onnx_support.md)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     cases, _ = collect([*args.patterns, *TORCH_SUBSET] if args.subset else (args.patterns or None))
@@ -189,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    if args.docs:
+        add_torch_column(args.docs, {r["name"]: r for r in results})
     return 0
 
 
