@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 EVAL_SAMPLES = 16  # at most this many samples judge a block's loss before / after training
 MIN_HELD = 4  # held-out samples needed to judge on samples kept out of training
 HELD_FROM = 16  # samples from which some are held out (fewer: training needs them all)
+CHECKS, PATIENCE = 5, 2  # LSQ: held-out checks per block; checks without a gain before it stops
 CHUNK = 8  # samples per forward pass outside training (targets, next inputs, losses)
 
 
@@ -169,6 +170,11 @@ class Reconstruction:
                                time.perf_counter() - start, trained=False, reason=block.reason)
         opt = torch.optim.Adam(params)
         norm = max(before, 1e-12)
+        # LSQ's parameters are usable at any step: checked on the held-out samples every ``every``
+        # steps, the best kept, training stopped after PATIENCE checks without a gain (learned
+        # rounding is only meaningful once its regulariser has annealed: judged at the end only)
+        every = max(1, s.steps // CHECKS) if s.held_out and held != train and not obj.learned_rounding else 0
+        best, best_state, stale = before, None, 0
         exe.drop = s.qdrop
         for step in range(s.steps):
             idx = self.rng.choice(train, size=s.batch_size)
@@ -188,9 +194,28 @@ class Reconstruction:
             opt.step()
             if progress is not None:
                 progress(step + 1)
+            if every and (step + 1) % every == 0 and step + 1 < s.steps:
+                exe.drop = 0.0
+                now = self._loss(block, tgt, q, held, targets)
+                exe.drop = s.qdrop
+                if now < best:
+                    best, stale = now, 0
+                    best_state = ({w: exe.weight_values(w) for w in block.weights}, {a: exe.act_values(a) for a in acts})
+                else:
+                    stale += 1
+                    if stale >= PATIENCE:
+                        if progress is not None:
+                            progress(s.steps)
+                        break
         exe.drop = 0.0
         obj.harden(exe, block)
         after = self._loss(block, tgt, q, held, targets)
+        if best_state is not None and best < after:  # an earlier checkpoint generalized better
+            for w, (value, scale) in best_state[0].items():
+                exe.freeze_weight(w, value, scale)
+            for a, scale in best_state[1].items():
+                exe.set_act_scale(a, scale)
+            after = best
         rolled_back = not (after <= before) or not np.isfinite(after)
         if rolled_back:
             for w, (value, scale) in saved_w.items():
