@@ -347,20 +347,7 @@ def _other_speech(n: int, seconds: float = 4.0) -> list[np.ndarray]:
     sentences, espeak-ng voices and speeds (110-230 words a minute) the zoo does not use."""
     from bench.zoo import _data
 
-    rng = np.random.default_rng(102)
-    pool = _numpy_sentences()
-    length = int(seconds * _data.SR)
-    clips = []
-    for i in range(n):
-        clip = rng.normal(0, 10 ** rng.uniform(-4, -2), length).astype(np.float32)
-        if i % 8 != 7:
-            s = _data.speak(pool[int(rng.integers(len(pool)))], OTHER_VOICES[int(rng.integers(len(OTHER_VOICES)))],
-                            int(rng.integers(110, 231)))
-            s = s[: int(length * 0.8)] * rng.uniform(0.3, 1.0)
-            start = int(rng.integers(0, length - len(s) + 1))
-            clip[start : start + len(s)] += s
-        clips.append(np.clip(clip, -1, 1))
-    return clips
+    return _data.mixed_clips(n, np.random.default_rng(102), _numpy_sentences(), OTHER_VOICES, (110, 231), seconds)
 
 
 def _other_text_page(rng: np.random.Generator, h: int, w: int, *, photo_bg: bool) -> np.ndarray:

@@ -147,14 +147,7 @@ def write_docs(path: Path, results: list[dict[str, Any]], skipped: dict[str, str
                torch: dict[str, dict[str, Any]] | None = None) -> None:
     """The support table: per operator, then per test, where it runs and how accurately, and whether
     fine-tuning's torch executor runs it as onnxruntime does (``torch``: its results by test name)."""
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    plain = {r["name"]: "+".join(r["ops"]) for r in results if "_expanded" not in r["name"]}
-    for r in results:
-        if "_expanded" not in r["name"]:
-            groups[plain[r["name"]]].append(r)
-            continue
-        base = r["name"].split("_expanded")[0]  # the function's own test: its op names the expansion
-        groups[f"{plain[base]} (expanded)" if base in plain else "(function, expanded)"].append(r)
+    groups = _groups_of(results)
     counts = Counter(outcome(r)[0] for r in results)
     out = [
         "# ONNX operator support",
@@ -215,7 +208,7 @@ def _groups_of(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
         if "_expanded" not in r["name"]:
             groups[plain[r["name"]]].append(r)
             continue
-        base = r["name"].split("_expanded")[0]
+        base = r["name"].split("_expanded")[0]  # the function's own test: its op names the expansion
         groups[f"{plain[base]} (expanded)" if base in plain else "(function, expanded)"].append(r)
     return groups
 

@@ -131,15 +131,21 @@ def speak(text: str, voice: str, speed: int) -> np.ndarray:
 def speech_clips(n: int, part: Part, seconds: float = 4.0) -> list[np.ndarray]:
     """``n`` clips of ``seconds``: silence / noise, a spoken sentence at a random gain and offset,
     more silence; background noise at a random level (some clips are noise only)."""
-    rng = np.random.default_rng(SEEDS[part] + 100)
-    pool = sentences(part)
+    return mixed_clips(n, np.random.default_rng(SEEDS[part] + 100), sentences(part), VOICES, (130, 200), seconds)
+
+
+def mixed_clips(n: int, rng: np.random.Generator, pool: list[str], voices: tuple[str, ...] | list[str],
+                speeds: tuple[int, int], seconds: float = 4.0) -> list[np.ndarray]:
+    """Clips of background noise at a random level, seven in eight with one sentence of ``pool`` spoken
+    by one of ``voices`` at ``speeds`` (words a minute: ``rng.integers``' low and exclusive high) at a
+    random gain and offset."""
     length = int(seconds * SR)
     clips = []
     for i in range(n):
         clip = rng.normal(0, 10 ** rng.uniform(-4, -2), length).astype(np.float32)
         if i % 8 != 7:  # one clip in eight holds no speech
-            s = speak(pool[int(rng.integers(len(pool)))], VOICES[int(rng.integers(len(VOICES)))],
-                      int(rng.integers(130, 200)))
+            s = speak(pool[int(rng.integers(len(pool)))], voices[int(rng.integers(len(voices)))],
+                      int(rng.integers(speeds[0], speeds[1])))
             s = s[: int(length * 0.8)] * rng.uniform(0.3, 1.0)
             start = int(rng.integers(0, length - len(s) + 1))
             clip[start : start + len(s)] += s
