@@ -173,3 +173,17 @@ def test_training_fake_quant_has_the_reference_gradients(axis: int | None, learn
     if learned_scale:
         assert sa.grad is not None and sd.grad is not None
         torch.testing.assert_close(sa.grad.double(), sd.grad, rtol=1e-5, atol=0)
+
+
+def test_sqrt_of_zero_passes_no_nan_gradient() -> None:
+    """A magnitude sqrt(x^2 + y^2) of a silent input: the gradient at 0 is 0, not inf x 0 = NaN, so the
+    weights upstream still train (Silero VAD's STFT magnitude turned every LSQ parameter into NaN)."""
+    from pulsar.quant.torch_exec.ops import TORCH_OPS, Call
+
+    w = torch.tensor([0.0, 0.5, -1.0], requires_grad=True)
+    x = torch.tensor([[0.0, 2.0, 1.0], [0.0, 0.0, 0.0]])
+    y = TORCH_OPS["Sqrt"](Call({}, [(x * w) ** 2]))[0]
+    torch.testing.assert_close(y.detach(), (x * w.detach()).abs())
+    y.sum().backward()
+    assert w.grad is not None and bool(torch.isfinite(w.grad).all())
+    torch.testing.assert_close(w.grad, torch.tensor([0.0, 2.0, -1.0]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -44,11 +45,37 @@ def matmul(c: Call) -> list[Tensor]:
     return [torch.matmul(_x(c), _x(c, 1))]
 
 
+class _Sqrt(torch.autograd.Function):
+    """sqrt, whose gradient at 0 is 0 instead of infinity: a magnitude sqrt(re^2 + im^2) of a silent
+    input (an STFT of a quiet chunk, more often exactly 0 once quantized) would otherwise turn every
+    gradient upstream into NaN (inf x 0)."""
+
+    generate_vmap_rule = True  # runs under torch.func.vmap (blocks written for one sample)
+
+    @staticmethod
+    def forward(x: Tensor) -> Tensor:
+        return torch.sqrt(x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor], output: Tensor) -> None:
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.where(y > 0, g * 0.5 / torch.where(y > 0, y, torch.ones_like(y)), torch.zeros_like(g))
+
+
+def _sqrt(x: Tensor) -> Tensor:
+    out: Tensor = _Sqrt.apply(x)  # type: ignore[no-untyped-call]
+    return out
+
+
 _BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div, "Pow": torch.pow,
 }
 _UNARY: dict[str, Callable[[Tensor], Tensor]] = {
-    "Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "Erf": torch.erf, "Sqrt": torch.sqrt,
+    "Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "Erf": torch.erf, "Sqrt": _sqrt,
     "Exp": torch.exp, "Log": torch.log, "Neg": torch.neg, "Abs": torch.abs, "Reciprocal": torch.reciprocal,
     "Identity": lambda x: x, "Softplus": F.softplus,
 }
