@@ -58,7 +58,7 @@ def _zoo(name: str, work: Path, n: int) -> tuple[Path, dict, list[dict[str, np.n
 def teacher_forced(exe: Any, qmodel_path: Path, feed: dict[str, np.ndarray]) -> tuple[float, float]:
     """Every node of the fake-quantized graph run in torch on onnxruntime's own values of its inputs
     (the QDQ model in onnxruntime, every tensor an output): (worst difference of a quantized output in
-    steps of its grid, share of its elements that differ). A deep network's end-to-end outputs drift
+    steps of its grid (or of float32's noise, where that is coarser), share of its elements that differ). A deep network's end-to-end outputs drift
     apart from a few rounding ties where float32 noise (torch's conv against onnxruntime's) lands a
     value on the other side of a half step; this judges each node on the same inputs instead."""
     import onnx
@@ -83,8 +83,11 @@ def teacher_forced(exe: Any, qmodel_path: Path, feed: dict[str, np.ndarray]) -> 
         with torch.no_grad():
             got = exe.run([idx], feeds, [o for o in node.output if o in exe.qg.params], quant=True)
         for o, g in got.items():
-            step = float(np.max(exe.qg.params[o].scale))
-            d = np.abs(g.detach().cpu().numpy().astype(np.float64) - values[o].astype(np.float64)) / step
+            # one step of the grid, or float32's noise where a 16-bit grid is finer than it (a sum computed
+            # in another order differs by ~1e-6 of its magnitude: several steps of a fine grid)
+            want = values[o].astype(np.float64)
+            step = max(float(np.max(exe.qg.params[o].scale)), 4e-6 * float(np.abs(want).max(initial=0.0)))
+            d = np.abs(g.detach().cpu().numpy().astype(np.float64) - want) / step
             worst = max(worst, float(d.max(initial=0.0)))
             off += int((d > 0.5).sum())
             total += d.size
@@ -148,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
         for r in rows:
             # end to end within the rule, or every node exact on onnxruntime's inputs but for ties (one step)
-            per_node = r["teacher_forced_steps"] <= 1.001 and r["teacher_forced_share"] < 1e-3
+            per_node = r["teacher_forced_steps"] <= 1.01 and r["teacher_forced_share"] < 1e-3
             verdict = "ok" if r["float_ok"] and r["quant_ok"] else ("ok per node" if r["float_ok"] and per_node
                                                                     else "MISMATCH")
             bad += verdict == "MISMATCH"
