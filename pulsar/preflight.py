@@ -93,6 +93,44 @@ def check_processors(ctx: BuildContext, model: onnx.ModelProto) -> None:
     check_input_memory(deployed, "input_processors", "fix the processor's padding / shapes")
 
 
+def check_extra_shapes(cfg: Any, model: onnx.ModelProto) -> None:
+    """Every ``src_extra_shapes`` group against the model: the input's rank, the same number of groups
+    for every input, and memory for one sample (the compiler uses them long after the first write)."""
+    from pulsar.frontend.graph import graph_input_names
+    from pulsar.frontend.processors.chain import assign
+
+    names = graph_input_names(model.graph)
+    inputs = {name: (dims, dtype) for name, dims, dtype, _size in input_bytes(model)}
+    counts = dict.fromkeys(names, 0)
+    avail = available_memory()
+    for name, index, p in assign(cfg.input_processors, names, "input_processors", "input"):
+        dims, dtype = inputs.get(name, ([], "float"))
+        counts[name] = len(p.src_extra_shapes)
+        for k, extra in enumerate(p.src_extra_shapes):
+            shape, where = list(extra.shape), f"input_processors[{index}].src_extra_shapes[{k}]"
+            if dims and len(shape) != len(dims):
+                raise PulsarError(f"{where}: shape {shape} has rank {len(shape)}, input {name!r} {dims} has rank "
+                                  f"{len(dims)}; give a shape of the model's input layout")
+            size = math.prod(shape) * _itemsize(model, name)
+            if avail is not None and size > _INPUT_SHARE * avail:
+                raise PulsarError(f"{where}: shape {shape} {dtype} needs {human_bytes(size)} per sample, this "
+                                  f"machine has {human_bytes(avail)} available; give a smaller shape")
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{n!r}: {c}" for n, c in counts.items())
+        raise PulsarError(f"src_extra_shapes: every input needs the same number of extra shapes (group i takes "
+                          f"the i-th of each); the inputs list {listed}")
+
+
+def _itemsize(model: onnx.ModelProto, name: str) -> int:
+    for vi in model.graph.input:
+        if vi.name == name and vi.type.HasField("tensor_type"):
+            try:
+                return int(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type).itemsize)
+            except (KeyError, TypeError, ValueError):
+                break
+    return 4
+
+
 def check_sample_paths(cfg: Any) -> None:
     """The sample directories exist (their files are read by quant.samples.check_sample_dirs)."""
     for field, value in (("quant.input_sample_dir", cfg.quant.input_sample_dir),
@@ -117,6 +155,7 @@ def preflight(ctx: BuildContext) -> tuple[onnx.ModelProto, CalibrationData]:
         if finetune_enabled(cfg.quant):
             resolve_device(cfg.quant.device)  # a CUDA device this machine lacks: before anything is written
         cores_for(load_profile(cfg.target_hardware), cfg.npu_mode)
+        check_extra_shapes(cfg, original)
         check_processors(ctx, original)
         check_sample_dirs(cfg, original)  # every sample file, in the deployed format
         if cfg.evaluation.metric or cfg.evaluation.input_configs or cfg.evaluation.labels or cfg.evaluation.output:

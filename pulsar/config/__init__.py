@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,20 +12,24 @@ from typing import Any
 from pulsar.config.loader import read_config_file
 from pulsar.config.model import to_typed
 from pulsar.config.overrides import apply_overrides
-from pulsar.config.sanity import check_paths, check_raw
+from pulsar.config.sanity import check_paths, check_raw, check_shapes
 from pulsar.config.schema import default_config, fill_defaults, load_schema
-from pulsar.config.support import check_supported
+from pulsar.config.support import check_supported, switched_off
 from pulsar.config.validate import ConfigError, validate
 
 __all__ = ["ConfigError", "EffectiveConfig", "default_config", "load_build_config", "load_schema", "validate"]
 
+log = logging.getLogger("pulsar.config")
+
 
 @dataclass(frozen=True)
 class EffectiveConfig:
-    """What a build runs with: ``data`` is written to build_config.json, ``cfg`` is the typed view."""
+    """What a build runs with: ``data`` is written to build_config.json, ``cfg`` is the typed view;
+    ``warnings``: one line per field that was set but had no effect (reset to its default in ``data``)."""
 
     data: dict[str, Any]
     cfg: Any
+    warnings: tuple[str, ...] = ()
 
     @property
     def hash(self) -> str:
@@ -55,23 +60,26 @@ _NOT_HASHED = ("input", "output_dir", "work_dir", "output_name", "onnx_opt.model
                "compiler.input_sample_dir", "compiler.npu_perf")
 
 
+def _flag_named(line: str, flag_paths: list[str]) -> tuple[str, bool]:
+    """``line`` with ``--`` before its field when a command-line flag set it, and whether one did."""
+    flag = next((k for k in flag_paths if line.startswith(k) and line[len(k):len(k) + 1] in (":", ".", "[", " ")),
+                None)
+    return (f"--{line}", True) if flag else (line, False)
+
+
 def _from_flags(problems: list[str], flag_paths: list[str], source: str) -> ConfigError:
     """Name the command-line flag (``--quant.calibration_method``) for problems it caused, and the
     config file for the rest."""
-    out: list[str] = []
-    from_file = False
-    for line in problems:
-        flag = next((k for k in flag_paths if line.startswith(k) and line[len(k):len(k) + 1] in (":", ".", "[")),
-                    None)
-        if flag is None:
-            from_file = True
-        out.append(f"--{line}" if flag else line)
-    return ConfigError(out, source if from_file else "command line")
+    named = [_flag_named(line, flag_paths) for line in problems]
+    from_file = any(not by_flag for _line, by_flag in named)
+    return ConfigError([line for line, _by_flag in named], source if from_file else "command line")
 
 
 def load_build_config(config: str | Path | dict[str, Any] | None = None,
                       overrides: dict[str, Any] | None = None, *, require_io: bool = True) -> EffectiveConfig:
-    """Merge defaults < config file < overrides, validate against the schema and the support matrix."""
+    """Merge defaults < config file < overrides, validate against the schema and the support matrix.
+    A field that has no effect without a switch that is off is reset to its default, with a warning
+    (logged on ``pulsar.config`` and kept in ``EffectiveConfig.warnings``)."""
     if isinstance(config, dict):
         data, source = config, "config"
     elif config:
@@ -89,11 +97,14 @@ def load_build_config(config: str | Path | dict[str, Any] | None = None,
         validate(full, source)
     except ConfigError as e:
         raise _from_flags(e.problems, flags, source) from None
-    problems = check_paths(full)
+    warnings = tuple(_flag_named(line, flags)[0] for line in switched_off(full))
+    problems = check_paths(full) + check_shapes(full)
     if require_io:
         problems += [f"{key}: required (give --{key} or set it in the config)" for key in ("input", "output_dir")
                      if not full.get(key)]
     problems += check_supported(full)
     if problems:
         raise _from_flags(problems, flags, source)
-    return EffectiveConfig(full, to_typed(full))
+    for line in warnings:
+        log.warning("%s", line)
+    return EffectiveConfig(full, to_typed(full), warnings)

@@ -1,7 +1,10 @@
-"""Read a config file: JSON (with ``#`` / ``//`` comments, as users write them), YAML or TOML.
+"""Read a config file: JSON (lenient, as users write it), YAML, TOML or prototxt.
 
-The parsers never fail without saying where: a key given twice is kept as a
-:class:`~pulsar.config.sanity.Duplicate` and an over-long integer as a
+JSON is read strictly first (``#`` / ``//`` comments and trailing commas removed in place, which is
+all the configs printed in pulsar2's guide need); what strict JSON still refuses (unquoted keys,
+single quotes, hex numbers ...) is read by the ``json5`` package, for files small enough that its
+slower parser answers at once. The parsers never fail without saying where: a key given twice is
+kept as a :class:`~pulsar.config.sanity.Duplicate` and an over-long integer as a
 :class:`~pulsar.config.sanity.HugeInt`, so that :func:`pulsar.config.sanity.check_raw` reports them
 with their JSON path; nesting too deep for the parser and files too large are one-line errors.
 """
@@ -11,10 +14,11 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Any
 
+import json5
 import yaml
 
 from pulsar.config.sanity import MAX_FILE_BYTES, MAX_INT_DIGITS, Duplicate, HugeInt
@@ -38,25 +42,50 @@ def register_parser(*suffixes: str) -> Callable[[Parser], Parser]:
     return deco
 
 
-# A JSON string (with escapes), or a # / // comment running to the end of the line.
-_STRING_OR_COMMENT = re.compile(r'"(?:\\.|[^"\\\n])*"|(?:#|//)[^\n]*')
+# A JSON string (double or single quotes, with escapes), then a # / // comment to the end of the line
+# or a /* */ comment; then, on the text without comments, a comma with only whitespace before } or ].
+_STRING = r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\''
+_COMMENTS = re.compile(_STRING + r"|(?:#|//)[^\n]*|/\*[\s\S]*?\*/")
+_TRAILING_COMMAS = re.compile(_STRING + r"|,(?=\s*[}\]])")
+_NOT_NEWLINE = re.compile(r"[^\n]")
+
+# json5 reads about 100 KB a second: larger files must be JSON with comments and trailing commas.
+MAX_JSON5_BYTES = 256 * 1024
+
+
+def _blank_comment(m: re.Match[str]) -> str:
+    token = m.group(0)
+    return token if token[0] in "\"'" else _NOT_NEWLINE.sub(" ", token)  # lines and columns stay put
+
+
+def _drop_trailing_comma(m: re.Match[str]) -> str:
+    """A comma before } or ], unless it is all its {} / [] holds (``{,}`` stays an error, as in JSON5)."""
+    if m.group(0) != ",":
+        return m.group(0)
+    text, i = m.string, m.start() - 1
+    while i >= 0 and text[i] in " \t\r\n":
+        i -= 1
+    return "," if i < 0 or text[i] in "{[," else " "
 
 
 def strip_json_comments(text: str) -> str:
-    """Remove ``#`` and ``//`` line comments outside strings, keeping line numbers intact."""
-    return _STRING_OR_COMMENT.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "", text)
+    """Blank ``#``, ``//`` and ``/* */`` comments and trailing commas outside strings, keeping line and
+    column numbers intact."""
+    return _TRAILING_COMMAS.sub(_drop_trailing_comma, _COMMENTS.sub(_blank_comment, text))
 
 
-def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[Any, Any]:
+def _json_pairs(pairs: Iterable[tuple[str, Any]]) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     for k, v in pairs:
         out[Duplicate(k) if k in out else k] = v
     return out
 
 
-def _json_int(text: str) -> int | HugeInt:
-    digits = len(text.lstrip("-"))
-    return HugeInt(digits) if digits > MAX_INT_DIGITS else int(text)
+def _json_int(text: str, base: int = 10) -> int | HugeInt:
+    digits = text.lstrip("+-")
+    if digits[:2].lower() == "0x":  # JSON5 hex
+        digits, base = digits[2:], 16
+    return HugeInt(len(digits)) if len(digits) > MAX_INT_DIGITS else int(text, base)
 
 
 def parse_json_text(text: str, where: str, invalid: str = "invalid JSON") -> Any:
@@ -70,9 +99,50 @@ def parse_json_text(text: str, where: str, invalid: str = "invalid JSON") -> Any
         raise PulsarError(f"{where}: nested too deeply to read; a config is at most a few levels deep") from None
 
 
+# json5's messages: '<string>:LINE Unexpected "X" at column COL'
+_JSON5_ERROR = re.compile(r'<string>:(\d+) (.*) at column (\d+)$', re.DOTALL)
+_JSON5_UNEXPECTED = re.compile(r'Unexpected "(.*)"$', re.DOTALL)
+
+
+def _json5_message(error: str) -> str:
+    m = _JSON5_ERROR.match(error)
+    if not m:
+        return error.splitlines()[0] if error else "not JSON"
+    line, what, column = m.groups()
+    if u := _JSON5_UNEXPECTED.match(what):
+        what = "unexpected end of line" if u.group(1) == "\n" else f"unexpected {u.group(1)!r}"
+    return f"at line {line} column {column}: {what.lower()}"
+
+
+def parse_lenient_json(text: str, where: str) -> Any:
+    """A ``.json`` config as users write it: strict JSON after :func:`strip_json_comments`, else JSON5."""
+    cleaned = strip_json_comments(text)
+    deep = PulsarError(f"{where}: nested too deeply to read; a config is at most a few levels deep")
+    try:
+        return json.loads(cleaned, object_pairs_hook=_json_pairs, parse_int=_json_int)
+    except RecursionError:
+        raise deep from None
+    except json.JSONDecodeError as e:
+        if len(text) > MAX_JSON5_BYTES:
+            raise PulsarError(f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    try:
+        return json5.loads(cleaned, object_pairs_hook=_json_pairs, parse_int=_json_int)
+    except RecursionError:
+        raise deep from None
+    except ValueError as e:
+        raise PulsarError(f"{where}: invalid JSON {_json5_message(str(e))}") from None
+
+
 @register_parser(".json")
 def _parse_json(text: str, path: Path) -> Any:
-    return parse_json_text(strip_json_comments(text), str(path))
+    return parse_lenient_json(text, str(path))
+
+
+@register_parser(".prototxt", ".pbtxt")
+def _parse_prototxt(text: str, path: Path) -> Any:
+    from pulsar.config.prototxt import parse_prototxt  # protobuf loads only for prototxt configs
+
+    return parse_prototxt(text, str(path))
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -153,7 +223,7 @@ def read_mapping_file(path: str | Path, what: str = "config file") -> Any:
 
 
 def parse_file(path: str | Path, what: str = "config file") -> Any:
-    """Parse a JSON / YAML / TOML file by its extension (size-capped, UTF-8)."""
+    """Parse a JSON / YAML / TOML / prototxt file by its extension (size-capped, UTF-8)."""
     p = Path(path)
     parser = PARSERS.get(p.suffix.lower())
     if parser is None:

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pulsar.config.artifacts import OUTPUT_DIR_ENTRIES, colliding_artifact
+
 MAX_DEPTH = 32  # the schema is 5 levels deep; free-form values (const data) rarely need more than 6
 MAX_VALUES = 1_000_000  # values visited, counting every use of a YAML alias
 MAX_INT_DIGITS = 30  # int64 needs 19
@@ -33,8 +35,11 @@ PATH_FIELDS = ("input", "output_dir", "work_dir", "output_name", "target_hardwar
                "const_processors[*].data_path")
 
 # Names that ``output_name`` may not take: the other artifacts of a build, and pulsar's own files.
-RESERVED_OUTPUT_NAMES = {"build_config.json", "build.log", "build_failed.log", "frontend", "quant", "compiler",
-                         "cache", ".pulsar.lock"}
+RESERVED_OUTPUT_NAMES = set(OUTPUT_DIR_ENTRIES)
+
+# A shape group's input tensor (float32) is at most this large: the simulator and the checks hold it.
+MAX_SHAPE_BYTES = 4 << 30
+MAX_DIM = 2**31 - 1  # a dim in input_shapes (ONNX stores int64; runtimes index with int32)
 
 
 @dataclass(frozen=True)
@@ -229,7 +234,40 @@ def check_paths(config: dict[str, Any]) -> list[str]:
         if name in ("", ".", "..") or "/" in name or "\\" in name:
             problems.append(f"output_name: {name!r} is not a file name; give a plain name like "
                             "'compiled.pulsar' (the file goes inside output_dir)")
-        elif name in RESERVED_OUTPUT_NAMES or name.startswith(".pulsar"):
-            problems.append(f"output_name: {name!r} is the name of another artifact of the build; choose "
-                            "another name, e.g. 'compiled.pulsar'")
+        elif collision := colliding_artifact(name):
+            problems.append(f"output_name: {name!r} is the name of another artifact of the build ({collision}): "
+                            "the compiled model and it would overwrite each other; choose another name, e.g. "
+                            "'compiled.pulsar'")
+    return problems
+
+
+def _short_list(values: list[int]) -> str:
+    text = str(values)
+    return text if len(text) <= 60 else text[:56] + "...]"
+
+
+def check_shapes(config: dict[str, Any]) -> list[str]:
+    """``input_shapes`` dims within :data:`MAX_DIM`, and every ``src_extra_shapes`` group small enough
+    to hold as float32 (its rank is checked against the model in :mod:`pulsar.preflight`)."""
+    problems: list[str] = []
+    text = config.get("input_shapes")
+    for part in text.split(";") if isinstance(text, str) else []:
+        name, _sep, dims = part.rpartition(":")
+        big = next((d for d in dims.split("x") if re.fullmatch(r"\s*[0-9]+\s*", d)
+                    and (len(d.strip()) > 10 or int(d) > MAX_DIM)), None)
+        if big is not None:
+            big = big.strip()
+            shown = big if len(big) <= 30 else f"of {len(big)} digits"
+            problems.append(f"input_shapes: input {name.strip()!r} has a dim {shown}; a dim is at most {MAX_DIM:,}")
+    for where, shape in _values_at(config, "input_processors[*].src_extra_shapes[*].shape"):
+        if not isinstance(shape, list) or not all(type(d) is int and d > 0 for d in shape):
+            continue  # the schema reports it
+        elements = 1
+        for d in shape:  # stops early: a shape may list many dims
+            elements *= d
+            if elements * 4 > MAX_SHAPE_BYTES:
+                problems.append(f"{where}: {_short_list(shape)} holds more than {MAX_SHAPE_BYTES // 4:,} values "
+                                f"({MAX_SHAPE_BYTES >> 30} GiB as float32, the most a shape group may take); give a "
+                                "smaller shape")
+                break
     return problems

@@ -1,12 +1,19 @@
 """What this version of pulsar implements, as data.
 
-The schema describes the whole product; a field whose feature is not built yet is *rejected* with a
-message naming it when set away from its default, never accepted and silently ignored. Each rule is
-removed when its feature lands.
+Two kinds of rule:
+
+- :class:`Rule`: a value this version cannot honour (a feature not built yet, a combination that
+  contradicts itself) is an error naming the field. Features not built yet are rejected when set
+  away from their default, never accepted and silently ignored; each rule goes when its feature lands.
+- :class:`Needs`: a field that acts only together with a switch (``smooth_quant_strength`` without
+  ``enable_smooth_quant``). pulsar2 configs set such fields freely, so the build goes on: one
+  warning names the field and the switch, and the field is reset to its default, so that
+  build_config.json and the config hash show what actually ran.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,31 +32,32 @@ class Rule:
     unavailable: bool = False  # the field's feature is not built yet (marked in --help)
 
 
-def _default(value: Any, _cfg: dict[str, Any], *, default: Any) -> bool:
-    return bool(value == default)
+@dataclass(frozen=True)
+class Needs:
+    """``path`` acts only when ``active(section)`` holds for its enclosing section; ``switch`` says
+    what turns it on, as the user would set it."""
+
+    path: str
+    active: Callable[[dict[str, Any]], bool]
+    switch: str
 
 
-def _at_default(path: str, why: str = _NOT_YET) -> Rule:
+def schema_default(path: str) -> Any:
+    """The schema default of a dotted field (``[*]`` for list items); None when it has none."""
     node: dict[str, Any] = load_schema()
     for part in path.replace("[*]", "").split("."):
         node = resolve(node)
         node = node.get("properties", {}).get(part) or resolve(node.get("items", {})).get("properties", {})[part]
-    default = resolve(node).get("default")
+    return resolve(node).get("default")
+
+
+def _at_default(path: str, why: str = _NOT_YET) -> Rule:
+    default = schema_default(path)
+
     def allowed(v: Any, _c: dict[str, Any]) -> bool:
         return v is None or bool(v == default)
 
     return Rule(path, allowed, why, unavailable=True)
-
-
-def _needs(path: str, condition: Callable[[dict[str, Any]], bool], why: str) -> Rule:
-    """A field that only acts together with another: at its default it is fine, set away from it
-    without ``condition`` (on its enclosing section) it would be silently ignored, so it is rejected."""
-    default = _at_default(path).allowed
-
-    def allowed(v: Any, section: dict[str, Any]) -> bool:
-        return default(v, section) or condition(section)
-
-    return Rule(path, allowed, why)
 
 
 def _analysis(q: dict[str, Any]) -> bool:
@@ -65,56 +73,28 @@ def _multi_batch(c: dict[str, Any]) -> bool:
     return any(e.get("static_batch_sizes") or e.get("max_dynamic_batch_size") for e in entries)
 
 
-_MULTI = "only used by multi-batch compilation (compiler.static_batch_sizes or max_dynamic_batch_size)"
-_FINETUNE = "only used by fine-tuning (quant.enable_adaround, enable_brecq or enable_lsq)"
-_AMP = "only used with quant.auto_mixed_precision.enable"
+_MULTI = "multi-batch compilation (compiler.static_batch_sizes or max_dynamic_batch_size)"
+_FINETUNE = "fine-tuning (quant.enable_adaround, enable_brecq or enable_lsq)"
+_AMP = "quant.auto_mixed_precision.enable"
+
+
+def _check(*levels: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda c: c.get("check") in levels
+
 
 RULES: list[Rule] = [
     Rule("model_type", lambda v, _c: v in ("ONNX", "QuantONNX"),
          "QuantAxModel input (pulsar's own quantized artifact) is not available yet; use ONNX or QuantONNX"),
     _at_default("onnx_opt.save_tensors_data"),
-    Rule("onnx_opt.simplifier", lambda v, o: v in (None, "onnxsim") or bool(o.get("enable_onnxsim")),
-         "only used with onnx_opt.enable_onnxsim"),
     Rule("quant.precision_analysis_mode", lambda v, q: v == "Reference" or q.get("precision_analysis_method") ==
          "EndToEnd", "NPUBackend runs the whole integer network: use it with precision_analysis_method EndToEnd"),
     Rule("quant.ln_scale_data_type", lambda v, _c: v in ("FP32", "S32"),
          "U32 has no ONNX DequantizeLinear type; use S32 or FP32"),
-    Rule("quant.calibration_percentile", lambda v, q: v == 99.99 or q.get("calibration_method") == "Percentile",
-         "only used with quant.calibration_method Percentile"),
-    Rule("quant.smooth_quant_threshold", lambda v, q: v == 0.2 or bool(q.get("enable_smooth_quant")),
-         "only used with quant.enable_smooth_quant"),
-    Rule("quant.smooth_quant_strength", lambda v, q: v == 0.6 or bool(q.get("enable_smooth_quant")),
-         "only used with quant.enable_smooth_quant"),
     Rule("quant.enable_lsq", lambda v, q: not v or not (q.get("enable_adaround") or q.get("enable_brecq")),
          "LSQ learns the weights and their scales itself, AdaRound / BRECQ learn the rounding of weights on "
          "fixed scales: enable one of them (enable_adaround with enable_brecq runs BRECQ)"),
-    *(_needs(f"quant.{f}", _finetune, _FINETUNE) for f in ("finetune_epochs", "finetune_block_size",
-                                                           "finetune_batch_size", "finetune_lr")),
-    _needs("quant.device", _finetune, _FINETUNE + "; calibration runs in onnxruntime on the CPU"),
-    _needs("compiler.disable_ir_fix", _multi_batch, _MULTI),
     Rule("compiler.max_dynamic_batch_size", lambda v, c: not v or not c.get("static_batch_sizes"),
          "static (compiler.static_batch_sizes) and dynamic multi-batch exclude each other; set one of them"),
-    Rule("compiler.check_tensor_black_list",
-         lambda v, c: not v or bool(c.get("check")) and c.get("check_mode") == "CheckPerLayer",
-         "only used by compiler.check 1, 2 or 3 with check_mode CheckPerLayer"),
-    # fields that only act together with another one
-    _needs("quant.precision_analysis_method", _analysis, "only used with quant.precision_analysis"),
-    _needs("quant.precision_analysis_mode", _analysis, "only used with quant.precision_analysis"),
-    _needs("quant.input_sample_dir", _analysis, "only used with quant.precision_analysis (its samples)"),
-    _needs("quant.ln_scale_data_type", lambda q: (q.get("transformer_opt_level") or 0) >= 1 or bool(
-        q.get("layer_configs")), "only used when a LayerNormalization runs on the NPU (quant.transformer_opt_level "
-        ">= 1 or a layer_configs entry)"),
-    *(_needs(f"quant.auto_mixed_precision.{f}", lambda a: bool(a.get("enable")), _AMP)
-      for f in ("max_16bit_layers", "target_cosine", "data_type", "num_samples")),
-    _needs("compiler.check_mode", lambda c: bool(c.get("check")), "only used with compiler.check 1, 2 or 3"),
-    _needs("compiler.input_sample_dir", lambda c: bool(c.get("check")),
-           "only used with compiler.check 1, 2 or 3 (its samples)"),
-    _needs("compiler.check_rtol", lambda c: c.get("check") == 1, "only used with compiler.check 1 (all-close)"),
-    _needs("compiler.check_atol", lambda c: c.get("check") == 1, "only used with compiler.check 1 (all-close)"),
-    _needs("compiler.check_cosine_simularity", lambda c: c.get("check") == 3,
-           "only used with compiler.check 3 (cosine)"),
-    _needs("input_processors[*].padding_constant_value", lambda p: bool(p.get("padding")),
-           "only used with padding"),
     _at_default("compiler.enable_slice_mode"),
     _at_default("compiler.enable_tile_mode"),
     _at_default("compiler.enable_data_soft_compression"),
@@ -123,6 +103,34 @@ RULES: list[Rule] = [
         ("disable_ir_fix", "the IR fix acts on the whole graph before it is split; set compiler.disable_ir_fix"),
         ("enable_slice_mode", _NOT_YET), ("enable_tile_mode", _NOT_YET),
         ("enable_data_soft_compression", _NOT_YET))),
+]
+
+# fields that only act together with a switch: a warning and the default when the switch is off
+SWITCHED: list[Needs] = [
+    Needs("onnx_opt.simplifier", lambda o: bool(o.get("enable_onnxsim")), "onnx_opt.enable_onnxsim"),
+    Needs("quant.calibration_percentile", lambda q: q.get("calibration_method") == "Percentile",
+          "quant.calibration_method Percentile"),
+    Needs("quant.smooth_quant_threshold", lambda q: bool(q.get("enable_smooth_quant")), "quant.enable_smooth_quant"),
+    Needs("quant.smooth_quant_strength", lambda q: bool(q.get("enable_smooth_quant")), "quant.enable_smooth_quant"),
+    *(Needs(f"quant.{f}", _finetune, _FINETUNE) for f in ("finetune_epochs", "finetune_block_size",
+                                                          "finetune_batch_size", "finetune_lr", "device")),
+    Needs("quant.precision_analysis_method", _analysis, "quant.precision_analysis"),
+    Needs("quant.precision_analysis_mode", _analysis, "quant.precision_analysis"),
+    Needs("quant.input_sample_dir", _analysis, "quant.precision_analysis (its samples)"),
+    Needs("quant.ln_scale_data_type", lambda q: (q.get("transformer_opt_level") or 0) >= 1 or bool(
+        q.get("layer_configs")), "a LayerNormalization on the NPU (quant.transformer_opt_level >= 1 or a "
+        "layer_configs entry)"),
+    *(Needs(f"quant.auto_mixed_precision.{f}", lambda a: bool(a.get("enable")), _AMP)
+      for f in ("max_16bit_layers", "target_cosine", "data_type", "num_samples")),
+    Needs("compiler.disable_ir_fix", _multi_batch, _MULTI),
+    Needs("compiler.check_mode", _check(1, 2, 3), "compiler.check 1, 2 or 3"),
+    Needs("compiler.input_sample_dir", _check(1, 2, 3), "compiler.check 1, 2 or 3 (its samples)"),
+    Needs("compiler.check_rtol", _check(1), "compiler.check 1 (all-close)"),
+    Needs("compiler.check_atol", _check(1), "compiler.check 1 (all-close)"),
+    Needs("compiler.check_cosine_simularity", _check(3), "compiler.check 3 (cosine)"),
+    Needs("compiler.check_tensor_black_list", lambda c: c.get("check") in (1, 2, 3) and
+          c.get("check_mode") == "CheckPerLayer", "compiler.check 1, 2 or 3 with check_mode CheckPerLayer"),
+    Needs("input_processors[*].padding_constant_value", lambda p: bool(p.get("padding")), "padding"),
 ]
 
 
@@ -151,12 +159,44 @@ def unavailable_fields() -> dict[str, str]:
     return {r.path: r.why for r in RULES if r.unavailable and "[*]" not in r.path}
 
 
+def switched_off(config: dict[str, Any]) -> list[str]:
+    """Reset (in place) every field set away from its default whose switch is off; one warning line
+    per field, naming it and the switch. Every switch is read as the user set it (before any reset)."""
+    resets: list[tuple[str, Any]] = []
+    warnings = []
+    for need in SWITCHED:
+        default = schema_default(need.path)
+        for path, value, section in _values(config, need.path.split("."), "", config):
+            if value is None or value == default or need.active(section):
+                continue
+            resets.append((path, default))
+            warnings.append(f"{path} is set ({_shown(value)}) but has no effect without {need.switch}; ignored "
+                            f"(reset to its default {_shown(default)})")
+    for path, default in resets:
+        _set(config, path, copy.deepcopy(default))
+    return warnings
+
+
+def _set(config: dict[str, Any], path: str, value: Any) -> None:
+    """Set a json path (``a.b[2].c``) that exists in ``config``."""
+    node: Any = config
+    parts = [p for p in path.replace("[", ".[").split(".") if p]
+    for part in parts[:-1]:
+        node = node[int(part[1:-1])] if part.startswith("[") else node[part]
+    node[parts[-1]] = value
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_supported(config: dict[str, Any]) -> list[str]:
     """One problem line per field set to a value this version cannot honour."""
     problems = []
     for rule in RULES:
         for path, value, parent in _values(config, rule.path.split("."), "", config):
             if not rule.allowed(value, parent):
-                shown = json.dumps(value) if not isinstance(value, str) else repr(value)
-                problems.append(f"{path}: {shown} is not accepted: {rule.why}; remove the field or leave it at its default")
+                problems.append(f"{path}: {_shown(value)} is not accepted: {rule.why}; remove the field or leave it "
+                                "at its default")
     return problems

@@ -1,7 +1,9 @@
 """Schema validation with messages a user can act on.
 
 All problems are reported at once, each as ``<json path>: <bad value> <what was expected>`` with a
-"did you mean" for misspelt keys and enum values.
+"did you mean" for misspelt keys and enum values. A value of the wrong type is reported as that and
+first; the rules that combine fields (``oneOf``, ``not`` ...) are not reported for it or inside it,
+since they only make sense on a well-typed section.
 """
 
 from __future__ import annotations
@@ -67,6 +69,25 @@ def _describe_alt(alt: dict[str, Any]) -> str:
     return alt.get("description", json.dumps(alt))
 
 
+_BOUNDS = {"maximum": "at most", "minimum": "at least", "exclusiveMaximum": "below", "exclusiveMinimum": "above"}
+
+
+def _mapping_hint(schema: dict[str, Any], value: Any) -> str:
+    """For a plain value where a mapping belongs: its keys, and the mapping to write when one key
+    takes the value (``[1, 3, 8, 8]`` -> ``{"shape": [1, 3, 8, 8]}``)."""
+    if resolve(schema).get("type") != "object" or isinstance(value, dict):
+        return ""
+    required = list(resolve(schema).get("required", []))
+    if not required:
+        return ""
+    keys = ", ".join(f"'{k}'" for k in required)
+    hint = f" with key{'s' if len(required) > 1 else ''} {keys}"
+    shown = json.dumps(value)
+    if len(required) == 1 and len(shown) <= 60:
+        hint += f" (write {{{json.dumps(required[0])}: {shown}}})"
+    return hint
+
+
 def _format(err: ValidationError) -> list[str]:
     path = json_path(err.absolute_path)
     schema = err.schema if isinstance(err.schema, dict) else {}
@@ -93,7 +114,9 @@ def _format(err: ValidationError) -> list[str]:
         expected = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
         got = _PY_NAMES.get(type(err.instance), type(err.instance).__name__)
         return [f"{path}: {_short(err.instance)} is {got}, expected "
-                f"{' or '.join(_TYPE_NAMES.get(t, t) for t in expected)}"]
+                f"{' or '.join(_TYPE_NAMES.get(str(t), str(t)) for t in expected)}{_mapping_hint(schema, err.instance)}"]
+    if kw in _BOUNDS:
+        return [f"{path}: {_short(err.instance)} is out of range; it must be {_BOUNDS[kw]} {err.validator_value:,}"]
     if kw == "required":
         missing = [r for r in err.validator_value if r not in (err.instance or {})]
         return [f"{path}: missing required field '{m}'" for m in missing]
@@ -102,11 +125,19 @@ def _format(err: ValidationError) -> list[str]:
     return [f"{path}: {err.message}"]
 
 
+def _under(path: tuple[Any, ...], mistyped: list[tuple[Any, ...]]) -> bool:
+    """``path`` is a mistyped value or lies inside one."""
+    return any(path[:len(m)] == m for m in mistyped)
+
+
 def validate(config: dict[str, Any], source: str = "config") -> None:
     """Raise :class:`ConfigError` listing every schema violation in ``config``."""
     validator = Draft202012Validator(load_schema(), format_checker=Draft202012Validator.FORMAT_CHECKER)
     problems: list[str] = []
-    for err in sorted(validator.iter_errors(config), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
+    errors = list(validator.iter_errors(config))
+    mistyped = [tuple(e.absolute_path) for e in errors if e.validator == "type"]
+    errors = [e for e in errors if e.validator == "type" or not _under(tuple(e.absolute_path), mistyped)]
+    for err in sorted(errors, key=lambda e: (e.validator != "type", list(map(str, e.absolute_path)), e.validator)):
         for line in _format(err):
             if line not in problems:
                 problems.append(line)

@@ -115,7 +115,7 @@ def test_unreadable_or_wrong_shape_files(tmp_path: Path) -> None:
     with pytest.raises(PulsarError, match=r"bad\.yaml.*not valid YAML"):
         load_profile(bad_yaml)
     bad_json = tmp_path / "bad.json"
-    bad_json.write_text("{cores: 1}")
+    bad_json.write_text("{\"cores\": 1,, }")  # two commas: not JSON, nor JSON5
     with pytest.raises(PulsarError, match=r"bad\.json.*not valid JSON"):
         load_profile(bad_json)
     with pytest.raises(PulsarError, match="expected a mapping"):

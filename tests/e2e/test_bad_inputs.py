@@ -16,6 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# many real builds in subprocesses: outside the fast tier (pytest -m "not slow"); CI runs them
+pytestmark = pytest.mark.slow
+
 
 class _Evil:
     def __init__(self, marker: Path):
@@ -77,7 +80,7 @@ def _case_setups(root: Path, tiny: dict[str, Path]):
     cfg("unsupported_feature", {"quant": {"input_configs": [good]}, "compiler": {"enable_slice_mode": True}},
         needle="compiler.enable_slice_mode: true is not accepted")
     cfg("bad_extension", {"quant": {"input_configs": [good]}}, needle="unsupported config file extension", ext="ini")
-    cases["invalid_json"] = ('{"quant": {"calibration_method": "KL",}}', [], "invalid JSON at line 1", "json")
+    cases["invalid_json"] = ('{"quant": {"calibration_method": "KL",,}}', [], "invalid JSON at line 1", "json")
     cases["invalid_yaml"] = ("quant:\n  calibration_method: [KL\n", [], "invalid YAML", "yaml")
     cases["invalid_toml"] = ("[quant\ncalibration_method = 'KL'\n", [], "invalid TOML", "toml")
 

@@ -298,11 +298,13 @@ def test_smooth_quant_runs_in_the_build(tmp_path, tiny, tiny_config):
     assert float((want * got).sum() / np.linalg.norm(want) / np.linalg.norm(got)) > 0.999
 
 
-def test_smooth_quant_options_need_smooth_quant(tmp_path, tiny, tiny_config):
-    from pulsar.config import ConfigError
+def test_smooth_quant_options_without_smooth_quant_warn(tiny_config):
+    from pulsar.config import load_build_config
 
-    with pytest.raises(ConfigError, match="quant.smooth_quant_strength: 0.9 is not accepted: only used with"):
-        pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {"quant.smooth_quant_strength": 0.9}, quiet=True)
+    eff = load_build_config(tiny_config, {"quant.smooth_quant_strength": 0.9}, require_io=False)
+    assert eff.data["quant"]["smooth_quant_strength"] == 0.6
+    assert len(eff.warnings) == 1
+    assert "smooth_quant_strength" in eff.warnings[0] and "quant.enable_smooth_quant" in eff.warnings[0]
 
 
 def test_easy_quant_runs_in_the_build(tmp_path, tiny, tiny_config):

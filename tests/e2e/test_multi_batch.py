@@ -180,7 +180,6 @@ def test_extra_shape_the_graph_cannot_take_names_the_node(tiny, tmp_path):
 
 @pytest.mark.parametrize(("compiler", "needle"), [
     ({"static_batch_sizes": [1, 2], "max_dynamic_batch_size": 4}, "exclude each other"),
-    ({"disable_ir_fix": True}, "compiler.disable_ir_fix: true is not accepted: only used by multi-batch"),
     ({"static_batch_sizes": [1, 2], "sub_configs": [{"start_tensor_names": ["r1"], "end_tensor_names": ["r2"],
                                                      "max_dynamic_batch_size": 2}]},
      r"compiler.sub_configs\[0\]: static_batch_sizes \[1, 2\] and max_dynamic_batch_size 2 exclude each other .*"

@@ -141,9 +141,13 @@ def test_build_falls_back_when_onnxsim_fails(tmp_path, tiny, tiny_config, monkey
     assert res.compiled_model.is_file()
 
 
-def test_simplifier_without_enable_onnxsim_is_rejected(tmp_path, tiny, tiny_config):
-    with pytest.raises(PulsarError, match=r"onnx_opt\.simplifier: 'onnxslim' .*only used with onnx_opt\.enable_onnxsim"):
-        pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {"onnx_opt.simplifier": "onnxslim"}, quiet=True)
+def test_simplifier_without_enable_onnxsim_warns_and_is_reset(tiny_config):
+    from pulsar.config import load_build_config
+
+    eff = load_build_config(tiny_config, {"onnx_opt.simplifier": "onnxslim"}, require_io=False)
+    assert eff.data["onnx_opt"]["simplifier"] == "onnxsim"  # what runs: nothing, so the default is shown
+    assert len(eff.warnings) == 1
+    assert "simplifier" in eff.warnings[0] and "onnx_opt.enable_onnxsim" in eff.warnings[0]
 
 
 def test_enable_onnxsim_is_rejected_for_quantonnx_input(tmp_path, tiny, tiny_config):

@@ -84,3 +84,12 @@ def assert_clean_failure(proc: subprocess.CompletedProcess[str], needle: str | t
         left = new_files(before, Snapshot.of(root), out_rel)
         assert not left, f"files left behind: {left}\n{text}"
         assert not [p for p in Snapshot.of(root).files if p.endswith(".tmp")], text
+
+
+def run_case(root: Path, env: Any, case: Case) -> tuple[Case, subprocess.CompletedProcess[str], Snapshot, Path]:
+    """Make ``case``'s directory under ``root``, set it up, snapshot it and run its command there."""
+    d = root / case.id
+    d.mkdir()
+    argv = case.setup(d, env)
+    before = Snapshot.of(d)
+    return case, run_cli(argv, d), before, d
