@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +20,9 @@ import typer
 from pulsar import __version__
 from pulsar.errors import PulsarError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="pulsar: float ONNX -> quantized, compiled NPU model, driven by one config file.")
+_HELP = "pulsar: float ONNX -> quantized, compiled NPU model, driven by one config file."
+# add_completion: --install-completion / --show-completion (bash, zsh, fish, powershell) from typer
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, help=_HELP)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect the config schema, print defaults, validate a file.")
 app.add_typer(config_app, name="config")
 
@@ -152,6 +155,10 @@ def _build(words: list[str]) -> None:
     if not words:
         _build_usage_error()
     overrides, others = parse_overrides(words, extra_flags=_BUILD_FLAGS)
+    if isinstance(overrides.get("input"), str) and not re.search(r"[\x00-\x1f\x7f]", overrides["input"]):
+        from pulsar.frontend.loader import check_model_path
+
+        check_model_path(overrides["input"], "--input")  # the config's errors name its `input` field
     from pulsar.api import build as api_build
 
     api_build(config=others.get("--config"), overrides=overrides, quiet=bool(others.get("--quiet")),
@@ -181,7 +188,7 @@ def run(
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ) -> None:
     from pulsar.runtime.runner import run_model
-    from pulsar.ui import out_console, print_literal, print_renderable, table
+    from pulsar.ui import out_console, plural, print_literal, print_renderable, table
 
     result = run_model(model=model, output_dir=output_dir, input_dir=input_dir, list_file=list_file,
                        random_input=random_input, mode=mode, batch_size=batch_size, perlayer=perlayer,
@@ -190,9 +197,9 @@ def run(
     print_renderable(table("Outputs (per sample)", ["output", "shape", "dtype"], rows), target=out_console)
     where = f"{result.output_dir}/<sample>/ ({len(result.sample_dirs)} directories)" if result.sample_dirs \
         else str(result.output_dir)
-    n = result.samples
-    print_literal(f"{n} sample{'s' if n != 1 else ''} in {result.seconds:.3f} s: {result.ms_per_sample:.1f} ms per "
-                  f"sample ({mode}); outputs in {where}", target=out_console)
+    print_literal(f"{plural(result.samples, 'sample')} in {result.seconds:.3f} s: {result.ms_per_sample:.1f} ms per "
+                  f"sample ({mode}), after a {1000 * (result.warmup_seconds or 0):.1f} ms warm-up run (not counted); "
+                  f"outputs in {where}", target=out_console)
 
 
 @app.command(help="Build over a search space and report the Pareto front of a metric against estimated latency.")
@@ -211,15 +218,20 @@ def sweep(
     ray: Annotated[str | None, typer.Option("--ray", help="run the trials as tasks on a Ray cluster at ADDRESS "
                                                           "(bare --ray: a local Ray instance); needs the "
                                                           "[ray] extra")] = None,
-    target_metric: Annotated[float | None, typer.Option("--target-metric", help="stop launching trials once "
+    target_metric: Annotated[float | None, typer.Option("--target_metric", help="stop launching trials once "
                                                                                 "one reaches this metric; the "
                                                                                 "report names the fastest that "
                                                                                 "does")] = None,
+    old_target_metric: Annotated[float | None, typer.Option("--target-metric", hidden=True)] = None,  # old scripts
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ) -> None:
     from pulsar.search import sweep as run_sweep
     from pulsar.ui import out_console, print_renderable, table
 
+    if old_target_metric is not None:
+        if target_metric is not None:
+            raise PulsarError("--target-metric is the old spelling of --target_metric; give one of them")
+        target_metric = old_target_metric
     rows = run_sweep(input, config, space, output_dir, metric=metric, workers=workers, ray=ray,
                      target_metric=target_metric)
     fields = sorted({f for r in rows for f in r["settings"]})
@@ -273,14 +285,15 @@ def config_validate(
     debug: Annotated[bool, typer.Option("--debug")] = False,
 ) -> None:
     from pulsar.config import load_build_config
-    from pulsar.ui import out_console
+    from pulsar.ui import out_console, setup_logging
 
+    setup_logging()  # a switched-off field's warning reads as in a build
     eff = load_build_config(path, require_io=False)
     if model is not None:
         from pulsar.config.semantic import check_against_model
         from pulsar.frontend.loader import load_model
 
-        check_against_model(eff.cfg, load_model(model), source=str(path))
+        check_against_model(eff.cfg, load_model(model, source="--input"), source=str(path))
     from rich.text import Text
 
     from pulsar.ui import literal
@@ -292,6 +305,92 @@ def config_validate(
 @app.command(help="Print the pulsar version.")
 def version() -> None:
     typer.echo(f"pulsar {__version__}")
+
+
+def _print_version(value: bool) -> None:
+    """``pulsar --version``: what ``pulsar version`` prints (stdout, exit 0), before any command runs."""
+    if value:
+        version()
+        raise typer.Exit(0)
+
+
+@app.callback(help=_HELP)
+def _root(
+    show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                               help="print the pulsar version and exit")] = False,
+) -> None:
+    pass
+
+
+def _escape_markup(command: Any) -> None:
+    """Every help text shown as written: typer reads help as rich markup, where ``[ray]`` vanishes."""
+    from rich.markup import escape
+
+    for obj in (command, *getattr(command, "params", ())):
+        for attr in ("help", "short_help"):
+            if isinstance(getattr(obj, attr, None), str):
+                setattr(obj, attr, escape(getattr(obj, attr)))
+    for sub in getattr(command, "commands", {}).values():
+        _escape_markup(sub)
+
+
+_NOT_A = {"int_parsing": "an integer", "int_from_float": "an integer", "float_parsing": "a number",
+          "bool_parsing": "a boolean", "integer": "an integer", "float": "a number"}
+
+
+def _bad_value(e: Any) -> str | None:
+    """``--batch_size: 'ten' is not an integer``: a value of the wrong type, worded as ``pulsar build``
+    words it (typer's own message comes from pydantic or click)."""
+    param = getattr(e, "param", None)
+    if param is None:
+        return None
+    flags = [o for o in param.opts if o.startswith("-")]
+    flag = max(flags, key=len) if flags else str(param.name or "value").upper()
+    errors = e.__cause__.errors() if hasattr(e.__cause__, "errors") else []  # typer >= 0.22: pydantic
+    if errors and errors[0].get("type") in _NOT_A:
+        return f"{flag}: '{errors[0].get('input')}' is not {_NOT_A[errors[0]['type']]}"
+    old = re.match(r"'(.*)' is not a valid (integer|float)", str(e.message))  # click's own wording
+    if old:
+        return f"{flag}: '{old.group(1)}' is not {_NOT_A[old.group(2)]}"
+    return f"{flag}: {e.message}"
+
+
+_SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")  # what typer's completion scripts cover
+
+
+def _shell(named: str | None) -> str:
+    """The shell to complete: the one named after the flag, else the one this runs in (as typer
+    detects it), else ``$SHELL``."""
+    if named:
+        return named
+    try:
+        import shellingham  # typer's dependency, how typer itself detects the shell
+
+        return str(shellingham.detect_shell()[0]).lower()
+    except Exception:  # noqa: BLE001 (not installed, ShellDetectionFailure, an unreadable process table)
+        return Path(os.environ.get("SHELL", "")).name.lower()
+
+
+@guarded
+def _completion(argv: list[str]) -> bool:
+    """``pulsar --show-completion [SHELL]`` / ``--install-completion [SHELL]``: typer's scripts, for a
+    shell that can be named (typer's own flags only detect it, and answer an unknown one with exit 1);
+    True when it was one of them."""
+    if len(argv) < 2 or argv[1] not in ("--show-completion", "--install-completion"):
+        return False
+    from typer.completion import get_completion_script, install  # type: ignore[attr-defined]
+
+    shell = _shell(argv[2] if len(argv) > 2 and not argv[2].startswith("-") else None)
+    if shell not in _SHELLS:
+        raise PulsarError(f"{argv[1]}: cannot complete for {repr(shell) if shell else 'an unknown shell'}; name "
+                          f"one of {', '.join(_SHELLS)} (e.g. pulsar {argv[1]} bash)")
+    names = {"prog_name": "pulsar", "complete_var": "_PULSAR_COMPLETE"}
+    if argv[1] == "--show-completion":
+        typer.echo(get_completion_script(shell=shell, **names))
+    else:
+        shell, path = install(shell=shell, **names)
+        typer.echo(f"{shell} completion installed in {path}; it takes effect in a new shell")
+    return True
 
 
 def _bare_ray(argv: list[str]) -> None:
@@ -312,12 +411,21 @@ def main() -> None:
 
     _bare_ray(sys.argv)
     try:
-        code = app(standalone_mode=False, prog_name="pulsar")
+        if _completion(sys.argv):
+            sys.exit(0)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    command = typer.main.get_command(app)
+    _escape_markup(command)
+    try:
+        code = command(standalone_mode=False, prog_name="pulsar")
     except click.UsageError as e:
         from pulsar.ui import console
 
-        message = e.format_message() or "give a command: build, run, info, config or version (see --help)"
-        if e.ctx is not None and e.format_message():
+        bad = _bad_value(e) if isinstance(e, click.BadParameter) and not isinstance(e, click.MissingParameter) \
+            else None
+        message = bad or e.format_message() or "give a command: build, run, info, config or version (see --help)"
+        if e.ctx is not None and e.format_message() and bad is None:
             console.print(e.ctx.get_usage(), markup=False, highlight=False, soft_wrap=True)
         try:
             _fail(message)

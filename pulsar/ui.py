@@ -192,6 +192,11 @@ def show(renderable: Any, *, quiet: bool = False) -> None:
     _to_log_file(renderable)
 
 
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 sample`` / ``2 samples``: counts in messages and progress bars read as English."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
     """A table whose cells are shown literally (``Text`` cells keep their style); long values fold
     onto the next line on a narrow terminal instead of being cut with an ellipsis."""
@@ -221,11 +226,26 @@ class Stages:
         t0 = time.perf_counter()
         try:
             yield
+        except BaseException:  # a failed stage is not "done": the error line says what happened
+            log.debug("%s failed after %.2f s", name, time.perf_counter() - t0)
+            raise
         finally:
             self.times[name] = time.perf_counter() - t0
-            log.info("%s done in %.2f s", name, self.times[name])
+        log.info("%s done in %.2f s", name, self.times[name])
 
     def progress(self) -> Progress:
-        """A progress bar on the console (hidden with --quiet)."""
-        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, disable=self.quiet, transient=False)
+        """A progress bar on the console (hidden with --quiet). Descriptions hold user text, so no
+        markup; a stderr that is not a terminal gets the final state once, at its natural width."""
+        return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=_progress_console(), disable=self.quiet, transient=False)
+
+
+def _progress_console() -> Console:
+    """The console itself on a terminal; else a console too wide to cut a line (rich draws a bar on a
+    file only once, when it stops, and would cut it to 80 columns: ``2…``)."""
+    if console.is_terminal:
+        return console
+    return Console(stderr=True, highlight=False, width=_UNCUT)
+
+
+_UNCUT = 100_000  # columns: wider than any line, and rich pads nothing to it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,74 @@ def test_config_validate_reports_ok_on_stdout(tmp_path: Path) -> None:
     cfg.write_text(json.dumps({"quant": {"calibration_method": "KL"}}))
     proc = _pulsar("config", "validate", str(cfg))
     assert proc.returncode == 0 and f"ok: {cfg} is a valid pulsar build config" in proc.stdout, proc.stderr
+
+
+def test_version_flag_prints_what_the_version_command_prints() -> None:
+    flag, command = _pulsar("--version"), _pulsar("version")
+    assert flag.returncode == 0 and command.returncode == 0, flag.stderr + command.stderr
+    assert flag.stdout == command.stdout and flag.stdout.startswith("pulsar ") and not flag.stderr
+
+
+def _help_texts() -> dict[tuple[str, ...], list[str]]:
+    """Command path -> every help text typer has for it (the command's and its options'), as written
+    in the source."""
+    import typer
+
+    from pulsar.cli import app
+
+    found: dict[tuple[str, ...], list[str]] = {}
+
+    def walk(command: object, path: tuple[str, ...]) -> None:
+        texts = [getattr(command, "help", None)] + [getattr(p, "help", None) for p in getattr(command, "params", [])]
+        found[path] = [t for t in texts if isinstance(t, str)]
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, (*path, name))
+
+    walk(typer.main.get_command(app), ())
+    return found
+
+
+def test_help_shows_every_bracket_of_the_source() -> None:
+    """typer reads help as rich markup, where `[ray]` vanishes: every `[...]` written in a help text
+    (commands' and options') is on screen in `--help` of every command."""
+    texts = _help_texts()
+    assert ("sweep",) in texts and ("config", "validate") in texts
+    env = {**os.environ, "COLUMNS": "400"}  # no wrapping: a bracket is never split over two lines
+    brackets = 0
+    for path, helps in texts.items():
+        proc = subprocess.run([sys.executable, "-m", "pulsar", *path, "--help"], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert proc.returncode == 0, (path, proc.stderr)
+        shown = " ".join(proc.stdout.split())
+        for text in helps:
+            for bracket in re.findall(r"\[[^\]]*\]", text):
+                brackets += 1
+                assert " ".join(bracket.split()) in shown, (path, bracket, proc.stdout)
+    assert brackets >= 1  # sweep's `[ray] extra`, at least
+
+
+def test_a_value_of_the_wrong_type_reads_the_same_in_every_command(tmp_path: Path) -> None:
+    """`pulsar run --batch_size ten` (typer) and `pulsar build --compiler.check ten` (the schema flags):
+    one `error: <flag>: '<value>' is not an integer` line each, exit 2, no usage block."""
+    for args, flag in ((["run", "--model", "m", "--output_dir", "o", "--batch_size", "ten"], "--batch_size"),
+                       (["build", "--compiler.check", "ten"], "--compiler.check"),
+                       (["run", "--model", "m", "--output_dir", "o", "--workers", "2.5"], "--workers")):
+        proc = _pulsar(*args, cwd=tmp_path)
+        value = args[-1]
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.splitlines() == [f"error: {flag}: '{value}' is not an integer"], proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_shell_completion_is_offered() -> None:
+    env = {**os.environ, "SHELL": "/bin/bash"}
+    proc = subprocess.run([sys.executable, "-m", "pulsar", "--show-completion", "bash"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "_pulsar_completion" in proc.stdout and "_PULSAR_COMPLETE" in proc.stdout
+    for shell in ("zsh", "fish"):
+        other = _pulsar("--show-completion", shell)
+        assert other.returncode == 0 and "_PULSAR_COMPLETE" in other.stdout, other.stderr
+    bad = _pulsar("--show-completion", "tcsh")
+    assert bad.returncode == 2 and bad.stderr.count("error:") == 1 and "'tcsh'" in bad.stderr, bad.stderr
+    assert "--install-completion" in _pulsar("--help").stdout

@@ -16,8 +16,10 @@ subgraph) load as single-variant models; format 1 files (no integer program) are
   read back the same). Types of the keys pulsar writes: :mod:`pulsar.core.container_schema`.
 - ``pulsar.checksum`` = ``sha256:<hex>``, the digest of every byte before it, appended as a
   one-entry ``ModelProto`` at the very end of the file (protobuf merges concatenated messages, so it
-  reads as one more metadata entry; :mod:`pulsar.core.integrity`). Added within format 2: files
-  without it (written before) load unverified.
+  reads as one more metadata entry; :mod:`pulsar.core.integrity`). Added within format 2: format 2
+  files without it (written before) load unverified; from format 3 on it is mandatory.
+- The file is at most 2 GiB (the protobuf limit of one ``ModelProto``) and starts with a
+  ``ModelProto`` field; the loader checks both before it reads the file whole.
 - The top-level graph has the model's inputs and outputs and one node per subgraph, in execution
   order. NPU subgraphs are ``NpuSubgraph`` nodes of domain ``pulsar.npu``, CPU subgraphs
   ``CpuSubgraph`` nodes of domain ``pulsar.cpu`` (both registered in ``opset_import``, version 1,
@@ -83,6 +85,10 @@ from pulsar.utils.atomic import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3  # 1: NPU bodies held the QDQ graph (no integer program); 2: one body per subgraph
+CHECKSUM_REQUIRED_FROM = 3  # format 2 files may predate the checksum; every later file ends with one
+_MAX_BYTES = 2**31 - 1  # one serialized ModelProto (protobuf's limit)
+# ModelProto field number -> wire type (0 varint, 2 length-delimited): what a model file can start with
+_MODEL_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2, 26: 2}
 FORMAT_NAME = "pulsar-compiled-model"
 META_PREFIX = "pulsar."
 META_FORMAT = "pulsar.format"
@@ -479,9 +485,38 @@ def _read_bytes(path: Path) -> bytes:
     if not path.is_file():
         raise PulsarError(f"compiled model {path} is not a regular file; give the compiled model file")
     try:
+        _check_size_and_header(path)
         return path.read_bytes()
     except OSError as exc:
         raise PulsarError(f"compiled model {path} cannot be read ({exc.strerror or exc})") from None
+
+
+def _first_tag(head: bytes) -> tuple[int, int] | None:
+    """(field number, wire type) of the protobuf tag ``head`` starts with, None when it holds none."""
+    value = 0
+    for i, byte in enumerate(head[:5]):
+        value |= (byte & 0x7F) << (7 * i)
+        if not byte & 0x80:
+            return value >> 3, value & 7
+    return None
+
+
+def _check_size_and_header(path: Path) -> None:
+    """Refuse what cannot be a compiled model before reading it whole: a file beyond the protobuf
+    limit (a sparse 6 GiB file would otherwise be read into memory) or one that does not start with
+    a ``ModelProto`` field (zeros, text, an archive)."""
+    size = path.stat().st_size
+    if size > _MAX_BYTES:
+        raise PulsarError(f"compiled model {path} is {size / 2**30:.1f} GiB, more than the 2 GiB one ONNX model "
+                          "file can hold; it is not a pulsar compiled model (or is damaged): rebuild it")
+    if size == 0:
+        return  # parsed as an empty model: "truncated or corrupt (no graph)"
+    with open(path, "rb") as f:
+        head = f.read(16)
+    tag = _first_tag(head)
+    if tag is None or _MODEL_FIELDS.get(tag[0]) != tag[1]:
+        raise PulsarError(f"compiled model {path} is truncated or corrupt (it does not start like an ONNX model: "
+                          f"first bytes {head[:4].hex(' ')}); rebuild it")
 
 
 def _format_version(path: Path, props: dict[str, str]) -> int:
@@ -523,7 +558,7 @@ def load_compiled(path: str | Path) -> CompiledModel:
     if not model.HasField("graph") or not model.opset_import:
         raise PulsarError(f"compiled model {path} is truncated or corrupt (no graph); rebuild it")
     version = _format_version(path, _metadata_props(model))
-    checksum = verify(path, raw, model)
+    checksum = verify(path, raw, model, required=version >= CHECKSUM_REQUIRED_FROM)
     check_io_types(path, model.graph)
     check_dataflow(path, model.graph)
     inits = {t.name: t for t in model.graph.initializer}

@@ -9,8 +9,9 @@ parsed value, checks that the raw file ends with it and hashes the bytes before 
 re-serialization (which need not reproduce the writer's bytes) is involved.
 
 A re-save by ``onnx.save`` keeps the file valid (the entry is the last field written); any edit of
-the content makes the digest differ. Files written before checksums existed have no entry and load
-as before.
+the content makes the digest differ. Format 2 files written before checksums existed have no entry
+and load unverified; from format 3 on the entry is mandatory, so a file cut just before its
+checksum, or one whose entry was removed, is refused rather than run unverified.
 """
 
 from __future__ import annotations
@@ -55,10 +56,14 @@ def sealed_bytes(model: onnx.ModelProto) -> bytes:
     return body + _trailer(digest(body))
 
 
-def verify(path: Path, raw: bytes, model: onnx.ModelProto) -> str | None:
+def verify(path: Path, raw: bytes, model: onnx.ModelProto, *, required: bool = True) -> str | None:
     """Check ``raw`` (the file ``path``, parsed as ``model``) against its checksum and drop the entry
-    from ``model``; returns the checksum, or None for a file written before checksums."""
+    from ``model``; returns the checksum, or None for a file written before checksums (only where
+    ``required`` is false: a format that always has one)."""
     values: list[str] = [p.value for p in model.metadata_props if p.key == CHECKSUM_KEY]
+    if not values and required:
+        raise PulsarError(f"compiled model {path} has no checksum (pulsar ends every file of this format with "
+                          "one): the file is truncated or was edited; rebuild it")
     if not values:
         log.debug("compiled model %s has no checksum (written before pulsar stored one); not verified", path)
         return None

@@ -2,7 +2,8 @@
 
 Built-in metrics stream the evaluation data (``evaluation.input_configs``, the calibration formats)
 through the float, QDQ and compiled models one sample at a time; a plugin gets each model as a
-session and reads its own data. The figures go to the console, ``build.log`` and ``evaluation.json``."""
+session in the deployed input format and reads its own data, in a child process
+(:mod:`pulsar.evaluation.isolated`). The figures go to the console, ``build.log`` and ``evaluation.json``."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ import numpy as np
 import onnx
 
 from pulsar.errors import PulsarError
+from pulsar.evaluation.deployed import deployed_sessions
+from pulsar.evaluation.isolated import check_plugin, score_plugin
+from pulsar.evaluation.labels import check_labels, output_shape, read_labels
 from pulsar.evaluation.metrics import BUILTINS
-from pulsar.evaluation.plugins import call_metric, is_plugin, load_metric
+from pulsar.evaluation.plugins import is_plugin
 from pulsar.evaluation.sessions import CompiledSession, MetricSession, OrtSession
 from pulsar.quant.datasets import CalibrationData, DatasetConfig
 from pulsar.quant.stage import input_specs
@@ -33,17 +37,6 @@ def _configs(ev: Any) -> list[DatasetConfig]:
                           field_path=f"evaluation.input_configs[{i}]") for i, ic in enumerate(ev.input_configs)]
 
 
-def _labels(path: str) -> np.ndarray:
-    p = Path(path)
-    if not p.is_file():
-        raise PulsarError(f"evaluation.labels: {path} does not exist; give a .npy file with one label per sample")
-    try:
-        labels: np.ndarray = np.load(p, allow_pickle=False)
-    except (ValueError, OSError) as exc:
-        raise PulsarError(f"evaluation.labels: {path} is not a plain .npy array ({exc}); save it with np.save") from None
-    return labels
-
-
 def check_evaluation(cfg: Any, model: onnx.ModelProto) -> None:
     """Every mistake in ``evaluation`` before anything is written: the metric, its data and labels."""
     ev = cfg.evaluation
@@ -54,11 +47,11 @@ def check_evaluation(cfg: Any, model: onnx.ModelProto) -> None:
                                   f"({', '.join(BUILTINS)} or module:function) or remove evaluation.{name}")
         return
     if is_plugin(ev.metric):
-        load_metric(ev.metric)
         for name in ("input_configs", "labels", "output"):
             if getattr(ev, name):
                 raise PulsarError(f"evaluation.{name}: a plugin metric reads its own data; remove evaluation.{name} "
                                   "or use a built-in metric")
+        check_plugin(ev.metric)  # imported in a child process: its exit or crash is one error line
         return
     if ev.metric not in BUILTINS:
         raise PulsarError(f"evaluation.metric: {ev.metric!r} is not a built-in metric ({', '.join(BUILTINS)}) nor "
@@ -67,9 +60,10 @@ def check_evaluation(cfg: Any, model: onnx.ModelProto) -> None:
         raise PulsarError(f"evaluation.input_configs: the built-in metric {ev.metric} needs evaluation data; add "
                           "entries like quant.input_configs (tensor_name, calibration_dataset, calibration_format)")
     if cfg.input_processors:
-        raise PulsarError("evaluation.metric: the built-in metrics feed the same data to the float and the compiled "
-                          "model, which input_processors make different; use a plugin metric (it sees each "
-                          "model's inputs) or remove input_processors")
+        raise PulsarError("evaluation.metric: the built-in metrics feed the model's own input format (the evaluation "
+                          "data's) to every model, and input_processors give the compiled model another one; use a "
+                          "plugin metric (it gets all three models in the deployed format) or remove "
+                          "input_processors")
     outputs = [o.name for o in model.graph.output]
     if ev.output and ev.output not in outputs:
         raise PulsarError(f"evaluation.output: the model has no output {ev.output!r}; its outputs are {outputs}")
@@ -80,15 +74,9 @@ def check_evaluation(cfg: Any, model: onnx.ModelProto) -> None:
             if not ev.labels:
                 raise PulsarError(f"evaluation.labels: the metric {ev.metric} needs labels; give a .npy file with "
                                   "one label per sample")
-            labels = _labels(ev.labels)
-            if acc.class_labels and (labels.dtype.kind not in "iub" or labels.ndim not in (1, 2)
-                                     or labels.ndim == 2 and labels.shape[1] != 1):
-                raise PulsarError(f"evaluation.labels: {ev.labels} holds {labels.dtype} labels of shape "
-                                  f"{list(labels.shape)}; {ev.metric} needs one integer class index per sample "
-                                  "(shape [N]), not one-hot or float labels: save np.argmax(one_hot, 1)")
-            if labels.ndim == 0 or len(labels) < len(data):
-                raise PulsarError(f"evaluation.labels: {ev.labels} holds {0 if labels.ndim == 0 else len(labels)} "
-                                  f"labels for {len(data)} samples; give one per sample, in sample order")
+            output = ev.output or outputs[0]
+            check_labels(ev.metric, acc, read_labels(ev.labels), ev.labels, len(data), output,
+                         output_shape(model, output))
         elif ev.labels:
             raise PulsarError(f"evaluation.labels: the metric {ev.metric} compares with the float model and reads no "
                               "labels; remove evaluation.labels")
@@ -100,20 +88,20 @@ def run_evaluation(cfg: Any, model: onnx.ModelProto, float_path: Path, qdq_path:
                    out: Path, quiet: bool = False) -> dict[str, Any]:
     """Score the three models; writes ``out`` (evaluation.json) and returns what it holds."""
     ev = cfg.evaluation
-    sessions: dict[str, MetricSession] = {"float": OrtSession(float_path), "qdq": OrtSession(qdq_path, qdq=True),
-                                          "npu": CompiledSession(compiled_path)}
-    if is_plugin(ev.metric):
-        fn = load_metric(ev.metric)
-        values = {k: call_metric(fn, s, k) for k, s in sessions.items()}
+    if is_plugin(ev.metric):  # the plugin in a child process, each model in the deployed format
+        values = score_plugin(ev.metric, deployed_sessions(cfg, model, float_path, qdq_path, compiled_path))
         samples = None
     else:
+        sessions: dict[str, MetricSession] = {"float": OrtSession(float_path),
+                                              "qdq": OrtSession(qdq_path, qdq=True),
+                                              "npu": CompiledSession(compiled_path)}
         values, samples = _builtin(cfg, model, sessions)
     result = {"metric": ev.metric, "samples": samples, **values}
     atomic_write_text(out, json.dumps(result, indent=2) + "\n")
     for k in MODELS:
         log.info("evaluation %s: %s %.6f", ev.metric, k, values[k])
     names = {"float": "float model", "qdq": "QDQ model (onnxruntime)", "npu": "compiled model (NPUBackend)"}
-    show(table(f"Evaluation: {ev.metric}" + (f" on {samples} samples" if samples else ""), ["model", ev.metric],
+    show(table(f"Evaluation: {ev.metric}" + (f" on {samples} sample{'s' if samples != 1 else ''}" if samples else ""), ["model", ev.metric],
                [(names[k], f"{values[k]:.6f}") for k in MODELS]), quiet=quiet)
     return result
 
@@ -122,7 +110,7 @@ def _builtin(cfg: Any, model: onnx.ModelProto, sessions: dict[str, MetricSession
     ev = cfg.evaluation
     output = ev.output or model.graph.output[0].name
     accs = {k: BUILTINS[ev.metric]() for k in MODELS}
-    labels = _labels(ev.labels) if accs["float"].needs_labels else None
+    labels = read_labels(ev.labels) if accs["float"].needs_labels else None
     data = CalibrationData(input_specs(cfg, model), _configs(ev))
     n = 0
     try:

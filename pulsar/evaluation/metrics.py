@@ -37,12 +37,21 @@ def _logits(out: np.ndarray) -> np.ndarray:
     return np.asarray(out, np.float64).reshape(-1)
 
 
+def _class(label: np.ndarray | None, classes: int) -> int:
+    """The label as a class index of an output with ``classes`` logits (an index outside is never right)."""
+    index = int(np.asarray(label).reshape(-1)[0])
+    if not 0 <= index < classes:
+        raise ValueError(f"the label {index} is not a class index of the output's {classes} classes")
+    return index
+
+
 class Top1(Accumulator):
     def __init__(self) -> None:
         super().__init__(needs_labels=True, class_labels=True)
 
     def score(self, out: np.ndarray, label: np.ndarray | None, ref: np.ndarray | None) -> float:
-        return float(int(np.argmax(_logits(out))) == int(np.asarray(label).reshape(-1)[0]))
+        logits = _logits(out)
+        return float(int(np.argmax(logits)) == _class(label, logits.size))
 
 
 class Top5(Accumulator):
@@ -50,8 +59,9 @@ class Top5(Accumulator):
         super().__init__(needs_labels=True, class_labels=True)
 
     def score(self, out: np.ndarray, label: np.ndarray | None, ref: np.ndarray | None) -> float:
-        top = np.argsort(-_logits(out), kind="stable")[:5]
-        return float(int(np.asarray(label).reshape(-1)[0]) in top.tolist())
+        logits = _logits(out)
+        index = _class(label, logits.size)
+        return float(index in np.argsort(-logits, kind="stable")[:5].tolist())
 
 
 class Top1Agreement(Accumulator):
@@ -88,10 +98,16 @@ class MeanIoU(Accumulator):
         self.needs_labels = True
 
     def add(self, out: np.ndarray, label: np.ndarray | None, ref: np.ndarray | None) -> None:
-        pred = np.argmax(np.asarray(out), axis=1).reshape(-1)
-        truth = np.asarray(label).astype(np.int64).reshape(-1)
-        if pred.size != truth.size:
-            raise ValueError(f"the prediction has {pred.size} pixels, the label mask {truth.size}")
+        scores = np.asarray(out)
+        pred = np.argmax(scores, axis=1).reshape(-1)
+        mask = np.asarray(label).reshape(-1)
+        if pred.size != mask.size:
+            raise ValueError(f"the prediction has {pred.size} pixels, the label mask {mask.size}")
+        if mask.dtype.kind == "f" and not np.all(np.isfinite(mask)):
+            raise ValueError("the label mask holds NaN / inf")
+        truth = mask.astype(np.int64)
+        if truth.size and (truth.min() < 0 or truth.max() >= scores.shape[1]):
+            raise ValueError(f"the label mask holds class indices outside 0..{scores.shape[1] - 1}")
         for c in np.union1d(np.unique(pred), np.unique(truth)).tolist():
             p, t = pred == c, truth == c
             self.inter[c] = self.inter.get(c, 0) + int(np.count_nonzero(p & t))

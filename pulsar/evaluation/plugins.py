@@ -1,9 +1,10 @@
 """Metric plugins: ``module:function`` or ``path/to/file.py:function``, checked before the build writes.
 
-Only the named module (or file) is imported; nothing else from the config is executed. The function
-takes one argument, a session (:mod:`pulsar.evaluation.sessions`), and returns a float, higher is
+Only the named module (or file) is imported; nothing else from the config is executed, and that in a
+child process (:mod:`pulsar.evaluation.isolated`). The function takes one argument, a session
+(:mod:`pulsar.evaluation.sessions`, in the deployed input format), and returns a real number, higher is
 better. Every way a plugin can be wrong (missing, not callable, wrong signature, raising, returning
-NaN or a non-number) is a PulsarError naming ``field`` and the fix."""
+NaN, a string, a huge integer or a non-number) is a PulsarError naming ``field`` and the fix."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import numbers
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -72,7 +74,7 @@ def _import(target: str, field: str) -> Any:
     except ModuleNotFoundError as exc:
         raise PulsarError(f"{field}: module {target!r} not found ({_first(exc)}); install it or give the file "
                           "path instead (path/to/file.py:function)") from None
-    except Exception as exc:  # noqa: BLE001
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the plugin's own error, reported on one line
         raise PulsarError(f"{field}: importing {target} raised {type(exc).__name__}: {_first(exc)}") from None
 
 
@@ -109,11 +111,22 @@ def call_metric(fn: Metric, session: Any, what: str, field: str = "evaluation.me
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - sys.exit() in a plugin must not end pulsar
         raise PulsarError(f"{field}: {label}() raised {type(exc).__name__} on the {what} model: {_first(exc)}; "
                           "fix the plugin") from None
+    return as_score(value, f"{field}: {label}() returned", f"on the {what} model")
+
+
+def as_score(value: Any, said: str, where: str) -> float:
+    """A metric's result as a finite float. Only real numbers count: a string such as '0.75' or a bool is a
+    plugin bug that ``float()`` would hide, and an integer too large for a float is one too."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's bool is not a Real either
+        shown = type(value).__name__ + (f" {value!r}" if isinstance(value, str | bytes) and len(value) < 40 else "")
+        raise PulsarError(f"{said} {shown} {where}, not a number; return a float (higher is better)")
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise PulsarError(f"{field}: {label}() returned {type(value).__name__} on the {what} model, not a number; "
-                          "return a float (higher is better)") from None
+    except OverflowError:
+        bits = value.bit_length() if isinstance(value, int) else 0  # str() of a huge int is itself refused
+        digits = int(bits * math.log10(2)) + 1
+        raise PulsarError(f"{said} an integer of about {digits} digits {where}, too large for a float; return a "
+                          "float (higher is better)") from None
     if not math.isfinite(number):
-        raise PulsarError(f"{field}: {label}() returned {number} on the {what} model; return a finite float")
+        raise PulsarError(f"{said} {number} {where}; return a finite float")
     return number

@@ -2,7 +2,8 @@
 
 The same small interface for the three models a build evaluates, so a metric plugin never needs to
 know which one it scores: the float model and the QDQ model run in onnxruntime (QDQ as float math,
-as the Reference mode does), the compiled model in the bit-exact simulator (NPUBackend)."""
+as the Reference mode does), the compiled model in the bit-exact simulator (NPUBackend). A plugin sees
+all three in the deployed format (:mod:`pulsar.evaluation.deployed`)."""
 
 from __future__ import annotations
 
@@ -33,13 +34,16 @@ _FIX = "check the evaluation data given to that input (its values, not only its 
 
 
 class OrtSession:
-    """An ONNX file in onnxruntime (CPU); ``qdq`` keeps Q/DQ as float math (no integer fusion)."""
+    """An ONNX file (or serialized model, ``name`` in messages) in onnxruntime (CPU); ``qdq`` keeps Q/DQ as
+    float math (no integer fusion)."""
 
-    def __init__(self, path: str | Path, *, qdq: bool = False) -> None:
+    def __init__(self, model: str | Path | bytes, *, qdq: bool = False, name: str | Path | None = None) -> None:
         opts = reference_session_options() if qdq else ort.SessionOptions()
-        self._what = f"running {path}"
-        with ort_guard(f"loading {path}", _FIX):
-            self._sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        shown = name if name is not None else model if not isinstance(model, bytes) else "the model"
+        self._what = f"running {shown}"
+        with ort_guard(f"loading {shown}", _FIX):
+            self._sess = ort.InferenceSession(model if isinstance(model, bytes) else str(model), opts,
+                                              providers=["CPUExecutionProvider"])
         self.inputs = [TensorInfo(i.name, tuple(d if isinstance(d, int) else -1 for d in i.shape),
                                   np.dtype(_ORT_DTYPES.get(i.type, np.float32))) for i in self._sess.get_inputs()]
         self._names = [o.name for o in self._sess.get_outputs()]

@@ -52,15 +52,26 @@ def default_opset(model: onnx.ModelProto) -> int | None:
     return None
 
 
-def load_model(path: str | Path) -> onnx.ModelProto:
-    """Read, check, convert to ``TARGET_OPSET`` and name the nodes of the model at ``path``."""
+CONFIG_INPUT = "`input` in the config"  # where a build's model path comes from unless the caller says
+
+
+def check_model_path(path: str | Path, source: str = CONFIG_INPUT) -> Path:
+    """The model path exists and is a non-empty file; ``source`` names where the path came from
+    (``--input`` or the config's ``input``), so the message points at what to fix."""
     path = Path(path)
     if not path.exists():
-        raise PulsarError(f"model file {path} does not exist; check the `input` path in the config")
+        raise PulsarError(f"model file {path} does not exist; check {source}")
     if not path.is_file():
-        raise PulsarError(f"model path {path} is not a file; point `input` at the .onnx file itself")
+        raise PulsarError(f"model path {path} is not a file; point {source} at the .onnx file itself")
     if path.stat().st_size == 0:
         raise PulsarError(f"model file {path} is empty; re-export the model or copy it again")
+    return path
+
+
+def load_model(path: str | Path, *, source: str = CONFIG_INPUT) -> onnx.ModelProto:
+    """Read, check, convert to ``TARGET_OPSET`` and name the nodes of the model at ``path`` (which
+    came from ``source``: see :func:`check_model_path`)."""
+    path = check_model_path(path, source)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except OSError as exc:
@@ -89,9 +100,39 @@ def load_model(path: str | Path) -> onnx.ModelProto:
             f"model file {path} fails the ONNX checker: {_first_line(exc)}; fix the export or re-export it"
         ) from exc
     check_tensor_interface(model, str(path))  # before conversion: the converter may retype sequences
+    check_feedable_inputs(model, str(path))
     model = convert_opset(model, path)
     name_nodes(model.graph)
     return model
+
+
+def _element_type(elem_type: int) -> str:
+    try:
+        return str(onnx.TensorProto.DataType.Name(elem_type)).lower()
+    except ValueError:
+        return f"type {elem_type}"
+
+
+def check_feedable_inputs(model: onnx.ModelProto, path: str = "model") -> None:
+    """Every graph input is a tensor of a type pulsar can feed (calibration data, sample files,
+    ``pulsar run`` inputs are numpy arrays of bool, integers or floats): a string (text) or other
+    non-numeric input is named now, not later as a calibration dtype mismatch."""
+    inits = {t.name for t in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name in inits or not vi.type.HasField("tensor_type"):
+            continue
+        elem = vi.type.tensor_type.elem_type
+        try:
+            kind = np.dtype(helper.tensor_dtype_to_np_dtype(elem)).kind if elem else ""
+        except (KeyError, TypeError, ValueError):
+            kind = ""
+        if kind in ("b", "i", "u", "f"):
+            continue
+        fix = ("do the text processing before the model and feed numbers (e.g. token ids as int64)"
+               if elem == onnx.TensorProto.STRING else
+               "re-export the model with a float32 / integer input and convert inside the model (Cast)")
+        raise PulsarError(f"{path}: input '{vi.name}' is tensor({_element_type(elem)}); pulsar feeds numeric "
+                          f"tensors only (bool, integer, float16/32/64): {fix}")
 
 
 def convert_opset(model: onnx.ModelProto, path: str | Path = "model") -> onnx.ModelProto:

@@ -132,9 +132,10 @@ def collect_statistics(
             "quant.input_configs[].calibration_dataset and calibration_size"
         )
     log.info(
-        "calibration statistics: %d tensors over %d samples in %.1f s",
+        "calibration statistics: %d tensors over %d sample%s in %.1f s",
         len(stats),
         done,
+        "" if done == 1 else "s",
         time.perf_counter() - start,
     )
     if cache_path is not None:

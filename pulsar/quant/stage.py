@@ -201,7 +201,7 @@ def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: di
     """quant.precision_analysis: per-layer cosine / MSE / SQNR of the QDQ model against the float one."""
     method = ctx.cfg.quant.precision_analysis_method
     samples = analysis_samples(ctx)
-    with progress_task(ctx.stages, f"precision analysis ({method} Reference, {len(samples)} samples)",
+    with progress_task(ctx.stages, f"precision analysis ({method} Reference, {len(samples)} sample{'s' if len(samples) != 1 else ''})",
                        len(samples)) as task:
         rows = analyze(ctx.model, qmodel, samples, method=method, quant_json=qjson, progress=task)
     title = f"Quant Precision Table [{method} Reference]"
@@ -349,7 +349,7 @@ def run_smooth_quant(ctx: BuildContext) -> None:
     calibration, so statistics and the QDQ model are those of the smoothed graph."""
     q = ctx.cfg.quant
     n = len(ctx.calibration)
-    with progress_task(ctx.stages, f"smooth quant: channel ranges ({n} samples)", n) as task:
+    with progress_task(ctx.stages, f"smooth quant: channel ranges ({n} sample{'s' if n != 1 else ''})", n) as task:
         ctx.model, reports = apply_smooth_quant(ctx.model, counted(ctx.calibration, task),
                                                 alpha=q.smooth_quant_strength, threshold=q.smooth_quant_threshold)
     rows = [(r.layer, r.op_type, f"{r.outlier_ratio:.1f}", "yes" if r.smoothed else "no",
@@ -365,7 +365,7 @@ def run_easy_quant(ctx: BuildContext, qg: QuantGraph) -> None:
     the float layer (arXiv 2006.16669), on up to 8 calibration samples; the scales found are written
     into the quantized graph."""
     samples = list(islice(iter(ctx.calibration), 8))
-    with progress_task(ctx.stages, f"easy quant: layer scale search ({len(samples)} samples)", None) as task:
+    with progress_task(ctx.stages, f"easy quant: layer scale search ({len(samples)} sample{'s' if len(samples) != 1 else ''})", None) as task:
         searched, rows = easy_quant(ctx.model, qg.to_qdq(), samples, progress=task)
     changed = update_params(qg.params, searched)
     # the weights as the search rounded them (its own float32 division): the export keeps those integers
@@ -392,7 +392,7 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
     model = ctx.model
     data = ctx.calibration
     with ctx.stages.progress() as bar:
-        task = bar.add_task(f"calibrating ({len(data)} samples)", total=len(data))
+        task = bar.add_task(f"calibrating ({len(data)} sample{'s' if len(data) != 1 else ''})", total=len(data))
         stats = collect_statistics(model, calibration_tensors(model), data,
                                    progress=lambda n: bar.update(task, completed=n),
                                    cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, data))

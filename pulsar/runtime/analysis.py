@@ -26,7 +26,7 @@ from pulsar.quant.analysis import LayerPrecision, precision_table, worst_rows, w
 from pulsar.quant.analysis.metrics import Accumulator
 from pulsar.quant.analysis.table import publish_slices
 from pulsar.runtime.check import lowered_session
-from pulsar.ui import show
+from pulsar.ui import plural, show
 from pulsar.utils.progress import progress_task
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ def npu_backend_rows(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str
 def run_npu_backend_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str, Any],
                              samples: list[dict[str, np.ndarray]], sub_configs: list[SubRange] | None = None,
                              cpu_nodes: dict[str, str] | None = None) -> None:
-    with progress_task(ctx.stages, f"precision analysis (EndToEnd NPUBackend, {len(samples)} samples)",
-                       len(samples)) as task:
+    what = f"precision analysis (EndToEnd NPUBackend, {plural(len(samples), 'sample')})"
+    with progress_task(ctx.stages, what, len(samples)) as task:
         rows = npu_backend_rows(ctx, qmodel, qjson, samples, sub_configs, cpu_nodes, progress=task)
     title = "Quant Precision Table [EndToEnd NPUBackend]"
     show(precision_table(rows, title), quiet=ctx.quiet)

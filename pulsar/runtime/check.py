@@ -60,7 +60,7 @@ from pulsar.errors import PulsarError
 from pulsar.quant.analysis.metrics import Accumulator, slice_axes
 from pulsar.quant.samples import deployed_sample_dir
 from pulsar.runtime.session import Session
-from pulsar.ui import show, table
+from pulsar.ui import plural, show, table
 from pulsar.utils.progress import progress_task
 
 log = logging.getLogger(__name__)
@@ -342,7 +342,8 @@ def check_compiled(ctx: BuildContext, compiled: Path, deployed: onnx.ModelProto,
             else:
                 ref, ref_name = Session(loaded, mode="Reference", group=group), "float QDQ reference"
             label = f" ({variant})" if several else ""
-            what = f"compiler check {c.check} ({CHECKS[c.check]}, {c.check_mode}, {len(feeds)} samples){label}"
+            what = (f"compiler check {c.check} ({CHECKS[c.check]}, {c.check_mode}, {plural(len(feeds), 'sample')})"
+                    f"{label}")
             try:
                 with progress_task(ctx.stages, what, len(feeds)) as task:
                     got, n = compare(sim, ref, feeds, c, ref_name, progress=task)
@@ -354,5 +355,5 @@ def check_compiled(ctx: BuildContext, compiled: Path, deployed: onnx.ModelProto,
     show(table(f"Compiler check {c.check} ({CHECKS[c.check]}, {c.check_mode}) vs "
                f"{'the references' if c.check == 2 else 'float QDQ reference'}: pass",
                ["sample", "output", "difference"], rows), quiet=ctx.quiet)
-    log.info("compiler check %d passed: %d tensor comparisons over %d samples%s", c.check, compared, total,
-             f" in {len(listed)} variants" if several else "")
+    log.info("compiler check %d passed: %d tensor comparisons over %s%s", c.check, compared,
+             plural(total, "sample"), f" in {len(listed)} variants" if several else "")

@@ -29,12 +29,14 @@ log = logging.getLogger(__name__)
 @dataclass
 class RunResult:
     """What ``pulsar run`` did: per output (name, shape, dtype) of one sample's result, the number of
-    samples (compiled-model runs), the compute time and the files written."""
+    samples (compiled-model runs), the compute time (after one untimed warm-up run, timed apart: the
+    first run pays for one-off setup, which is not the model's speed) and the files written."""
 
     output_dir: Path
     outputs: list[tuple[str, tuple[int, ...], np.dtype]] = field(default_factory=list)
     samples: int = 0
     seconds: float = 0.0
+    warmup_seconds: float | None = None  # the untimed first run; None before it ran
     written: list[Path] = field(default_factory=list)
     sample_dirs: list[Path] = field(default_factory=list)  # --list: one output directory per entry
 
@@ -114,6 +116,7 @@ def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Pat
         if not entries:
             first = random_inputs(infos) if random_input else read_inputs(input_dir, inputs, batch_size=batch_size,
                                                                          allow_nonfinite=float_only)
+        _warn_unread(None if random_input else input_dir, entries, inputs)
         session = Session(compiled, mode=mode, group=group)
         if view.multi_batch:
             log.info("%d sample(s) per run as compiled batches: %s", batch_size, session.batch_plan(batch_size))
@@ -121,6 +124,23 @@ def run_model(model: str | Path, output_dir: str | Path, *, input_dir: str | Pat
     except BaseException:
         discard_created(created)
         raise
+
+
+def _warn_unread(input_dir: Path | None, entries: list, inputs: list) -> None:
+    """A warning per file in the input directory (each listed sample directory with --list; none with
+    --random_input) that no input reads: ``images.npy`` beside ``image.npy`` is a typo, not data."""
+    from pulsar.runtime.input_files import unread_files
+
+    folders = list(dict.fromkeys(e.sample_dir for e in entries)) if entries else [input_dir] if input_dir else []
+    for line in unread_files(folders, inputs):
+        log.warning("%s", line)
+
+
+def _per_sample(shape: tuple[int, ...], axis: int, batch_size: int) -> tuple[int, ...]:
+    """The shape of one sample's part of an output of ``batch_size`` stacked samples."""
+    if batch_size == 1 or len(shape) <= axis or shape[axis] % batch_size:
+        return shape
+    return (*shape[:axis], shape[axis] // batch_size, *shape[axis + 1:])
 
 
 def nonfinite_allowed(compiled: CompiledModel) -> dict[str, str]:
@@ -172,13 +192,24 @@ def _execute(session, out: Path, entries: list, first: dict | None, batch_size: 
         result.seconds += time.perf_counter() - t0
         return value
 
+    def warm_up(feeds: dict) -> None:
+        if result.warmup_seconds is not None:
+            return
+        t0 = time.perf_counter()
+        session.warm_up(feeds, batch_size)
+        result.warmup_seconds = time.perf_counter() - t0
+        log.debug("warm-up run: %.1f ms (not counted in the time per sample)", 1000 * result.warmup_seconds)
+
     def record(outputs: dict[str, np.ndarray], dest: Path, samples: int) -> None:
-        if not result.outputs:
-            result.outputs = [(name, tuple(v.shape), v.dtype) for name, v in outputs.items()]
+        if not result.outputs:  # one sample's part: a file of --batch_size samples stacks them on axis 0
+            axes = session.view.batch_axes if session.view.multi_batch else {}
+            result.outputs = [(name, _per_sample(tuple(v.shape), axes.get(name, 0), samples), v.dtype)
+                              for name, v in outputs.items()]
         result.samples += samples
         result.written.extend(write_outputs(inside(out, dest), outputs))
 
     def one(feeds: dict, dest: Path) -> None:
+        warm_up(feeds)
         record(timed(session.run_batches, feeds, batch_size, workers), dest, batch_size)
         if perlayer and session.view.multi_batch:  # every tensor of the batch as it ran (samples on axis 0)
             result.written.extend(write_outputs(inside(out, dest / "perlayer"), session.run_all(feeds)))
@@ -200,6 +231,7 @@ def _execute(session, out: Path, entries: list, first: dict | None, batch_size: 
                      for e in chunk]
             dests = [out / e.output_name for e in chunk]
             result.sample_dirs.extend(dests)
+            warm_up(feeds[0])
             if step == 1:
                 one(feeds[0], dests[0])
                 continue

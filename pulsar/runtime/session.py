@@ -36,7 +36,7 @@ from pulsar.core.ort_options import reference_session_options
 from pulsar.core.tensors import TensorInfo, shape_matches
 from pulsar.core.variants import variants_of
 from pulsar.errors import PulsarError, did_you_mean
-from pulsar.runtime.batching import GroupView, describe_plan, group_text, run_split
+from pulsar.runtime.batching import GroupView, describe_plan, group_text, run_split, split_feeds
 from pulsar.runtime.parallel import map_samples
 
 log = logging.getLogger(__name__)
@@ -306,6 +306,34 @@ class Session:
             parts.append(part)
         results = self.run_many(parts, workers=workers)
         return {name: np.concatenate([p[name] for p in results], axis=0) for name in results[0]}
+
+    def warm_up(self, feeds: dict[str, np.ndarray], batch_size: int = 1) -> None:
+        """One run of the first compiled batch of ``feeds`` (``batch_size`` stacked samples, as
+        :meth:`run_batches` takes them), outputs dropped, and every runner the full call uses prepared:
+        the first run pays once for lazy setup (torch and onnxruntime first calls, allocations), so
+        runs timed after this one measure the model."""
+        if not self.view.multi_batch:
+            # one compiled run: batch_size > 1 needs a static batch dimension (see batched_inputs)
+            self.run(feeds if batch_size == 1 else {i.name: np.asarray(feeds[i.name])[:i.shape[0]]
+                                                    for i in self.inputs})
+            return
+        names = [sg.name for sg in self.compiled.subgraphs]
+        k = next((b for b in [*self.batch_sizes, batch_size] if b <= batch_size and self._plannable(b)), batch_size)
+        part = feeds if k == batch_size else \
+            split_feeds(feeds, [k, batch_size - k], self.view.batch_axes, batch_size)[0]
+        self.run(part)
+        for i, name in enumerate(names):
+            for b in self.view.plan(i, batch_size, name):
+                self._runner(i, b)
+
+    def _plannable(self, n: int) -> bool:
+        """Every subgraph can run ``n`` samples as its compiled batches."""
+        try:
+            for i, sg in enumerate(self.compiled.subgraphs):
+                self.view.plan(i, n, sg.name)
+        except PulsarError:
+            return False
+        return True
 
     def run_many(self, samples: Sequence[dict[str, np.ndarray]], output_names: list[str] | None = None,
                  workers: int | None = None) -> list[dict[str, np.ndarray]]:

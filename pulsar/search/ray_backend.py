@@ -8,6 +8,8 @@ workers (a shared filesystem, or a local Ray instance)."""
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ from pulsar.search.trial import failed_row
 from pulsar.utils.atomic import atomic_write_bytes
 
 LOCAL = ("", "local")  # start a local Ray instance
+PROBE_TIMEOUT_S = 5.0  # a Ray head answers a TCP connection at once; nothing there is refused or silent
+CONNECT_TIMEOUT_S = 60.0
 
 
 def _remote_trial(job: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -41,18 +45,67 @@ def require_ray() -> None:
                           "--ray: local worker processes)") from None
 
 
+def _host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PulsarError(f"--ray: {address!r} is not a Ray address; give host:port (the head's GCS port, 6379 by "
+                          "default), ray://host:10001 (Ray Client), or a bare --ray for a local instance")
+    return host.strip("[]"), int(port)
+
+
+def check_address(address: str) -> None:
+    """The address parses and something answers there, before anything is written: ray.init waits many
+    minutes for an address where nothing listens. A connection with a timeout says so at once."""
+    if address in LOCAL or address == "auto":
+        return
+    host, port = _host_port(address)
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        raise PulsarError(f"--ray {address}: nothing answers at {host}:{port} ({why}); start the cluster there "
+                          "(ray start --head) or check the address, or run without --ray") from None
+
+
+def _connect(ray: Any, address: str) -> None:
+    """``ray.init``: a local instance in this thread (its processes die with the thread that starts them);
+    a cluster's address in a helper thread given CONNECT_TIMEOUT_S, since Ray retries an address that
+    answers but is not a Ray head's for many minutes."""
+    local = address in LOCAL
+    box: dict[str, Exception] = {}
+
+    def init() -> None:
+        try:
+            ray.init(address=None if local else address, ignore_reinit_error=True, include_dashboard=False,
+                     log_to_driver=False, logging_level=logging.ERROR)
+        except Exception as exc:  # noqa: BLE001 - Ray's connection errors have many types
+            box["error"] = exc
+
+    if local:
+        init()
+    else:
+        thread = threading.Thread(target=init, name="pulsar-ray-connect", daemon=True)
+        thread.start()
+        thread.join(CONNECT_TIMEOUT_S)
+        if thread.is_alive():
+            raise PulsarError(f"--ray {address}: no Ray head answered within {CONNECT_TIMEOUT_S:.0f} s (something "
+                              "listens there, but not Ray, or another Ray version); check the address (host:6379 or "
+                              "ray://host:10001) or run without --ray")
+    if "error" in box:
+        exc = box["error"]
+        raise PulsarError(f"--ray {address or 'local'}: cannot start or reach Ray ({type(exc).__name__}: "
+                          f"{(str(exc).strip().splitlines() or [''])[0]}); check the address (ray://host:10001 or "
+                          "host:6379) or run without --ray") from None
+
+
 def run_on_ray(jobs: list[dict[str, Any]], address: str, stop: Callable[[list[dict[str, Any]]], bool]
                ) -> Iterator[dict[str, Any]]:
     """Rows of ``jobs`` as their tasks finish; no new task starts once ``stop(rows so far)``."""
     require_ray()
     import ray
 
-    try:
-        ray.init(address=None if address in LOCAL else address, ignore_reinit_error=True, include_dashboard=False,
-                 log_to_driver=False, logging_level=logging.ERROR)
-    except Exception as exc:  # noqa: BLE001 - Ray's connection errors have many types
-        raise PulsarError(f"--ray {address or 'local'}: cannot start or reach Ray ({exc}); check the address "
-                          "(ray://host:10001 or host:6379) or run without --ray") from None
+    _connect(ray, address)
     # one CPU and one thread (trial.py); no retries: a trial that kills its worker is a failed row, as locally
     task = ray.remote(num_cpus=1, max_retries=0)(_remote_trial)
     resources: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
@@ -82,4 +135,4 @@ def run_on_ray(jobs: list[dict[str, Any]], address: str, stop: Callable[[list[di
             rows.append(row)
             yield row
     for job in queue:
-        yield failed_row(job, "not run: a trial met --target-metric", status="skipped")
+        yield failed_row(job, "not run: a trial met --target_metric", status="skipped")

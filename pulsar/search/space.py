@@ -12,6 +12,7 @@ rejects such a field when its switch is off."""
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from pulsar.errors import PulsarError, did_you_mean
 
 # set per trial by the sweep itself; a space may not vary them
 RESERVED = ("input", "output_dir", "work_dir", "evaluation.metric")
+SWEEP_FILES = ("trial.json",)  # what the sweep itself writes into a trial's folder, beside the build's artifacts
+MAX_TRIALS = 1000
 
 Space = dict[str, list[dict[str, Any]]]  # a key -> its alternatives, each {dotted field: value}
 
@@ -82,18 +85,32 @@ def load_space(path: str | Path) -> Space:
     return space
 
 
-def trials(space: Space) -> list[dict[str, Any]]:
+def trials(space: Space, path: str | Path) -> list[dict[str, Any]]:
     """Every combination as ``{dotted field: value}``, the first key varying slowest (the order trials
-    are numbered and run)."""
+    are numbered and run). Counted first: a space of more than MAX_TRIALS is refused before one is made
+    (each trial is a build, and every one is validated before the first runs)."""
+    sizes = [len(options) for options in space.values()]
+    count = math.prod(sizes)
+    if count > MAX_TRIALS:
+        shown = " x ".join(f"{n} {k}" for k, n in zip(space, sizes, strict=True))
+        raise PulsarError(f"search space {path}: {count:,} trials ({shown}), more than the limit of {MAX_TRIALS:,} "
+                          "(each trial is a build); vary fewer fields or fewer values per field, or split the space "
+                          "into several sweeps")
     return [{f: v for option in combo for f, v in option.items()} for combo in itertools.product(*space.values())]
 
 
 def check_trials(base: str | Path | dict[str, Any] | None, settings: list[dict[str, Any]],
                  fixed: dict[str, Any], path: str | Path) -> None:
-    """Validate every trial's config as a build would (types, enums, combinations)."""
+    """Validate every trial's config as a build would (types, enums, combinations), and that no trial's
+    compiled model would take the name of the sweep's own record in its folder."""
     for k, s in enumerate(settings):
+        shown = ", ".join(f"{f}={v!r}" for f, v in s.items())
         try:
-            load_build_config(base, {**fixed, **s})
+            cfg = load_build_config(base, {**fixed, **s}).cfg
         except PulsarError as exc:
-            shown = ", ".join(f"{f}={v!r}" for f, v in s.items())
             raise PulsarError(f"search space {path}: trial {k} ({shown}): {exc}") from None
+        if cfg.output_name in SWEEP_FILES:
+            where = (f"search space {path}: trial {k} ({shown})" if "output_name" in s else
+                     f"--config {base}" if isinstance(base, str | Path) else "the base config")
+            raise PulsarError(f"{where}: output_name {cfg.output_name!r} is the sweep's own record of each trial "
+                              "(trials/<k>/trial.json); choose another output_name")

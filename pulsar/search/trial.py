@@ -53,6 +53,12 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a pulsar bug or sys.exit() still must not end the sweep
         row["error"] = f"{type(exc).__name__}: {exc} ({traceback.format_exc(limit=1).splitlines()[-1]})"
     row["build_s"] = round(time.perf_counter() - t0, 2)
+    return write_record(job, row)
+
+
+def write_record(job: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """``trial.json`` in the trial's folder: the row plus the fingerprint a resumed sweep matches."""
+    out = Path(job["dir"])
     try:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "trial.json", json.dumps({**row, "fingerprint": job.get("fingerprint")}, indent=1)

@@ -122,16 +122,54 @@ def test_edited_without_resealing_is_a_checksum_error(copy):
     assert "checksum mismatch" in _load_error(copy)
 
 
-def test_file_without_checksum_loads_unverified(copy, caplog):
-    model = onnx.load(str(copy))
+def _without_checksum(path: Path, format_version: str | None = None) -> onnx.ModelProto:
+    model = onnx.load(str(path))
     kept = [p for p in model.metadata_props if p.key != CHECKSUM_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
-    copy.write_bytes(model.SerializeToString())  # what pulsar wrote before checksums
+    if format_version is not None:
+        _set_prop("pulsar.format_version", format_version)(model)
+    return model
+
+
+def test_format_2_file_without_checksum_loads_unverified(copy, caplog):
+    copy.write_bytes(_without_checksum(copy, "2").SerializeToString())  # what pulsar wrote before checksums
     with caplog.at_level(logging.DEBUG, logger="pulsar"):
         loaded = load_compiled(copy)
-    assert loaded.metadata["target_hardware"] == "VNPU-M"
+    assert loaded.metadata["target_hardware"] == "VNPU-M" and loaded.checksum is None
     assert "no checksum" in caplog.text
+
+
+def test_format_3_file_without_checksum_is_refused(copy):
+    """From format 3 on the checksum is mandatory: a file cut just before it, or whose entry was removed
+    and whose weights were then changed, is refused, not run unverified."""
+    raw = copy.read_bytes()
+    body = _without_checksum(copy).SerializeToString()
+    assert raw.startswith(body) and len(raw) > len(body)  # the trailer is all that follows the body
+    copy.write_bytes(body)
+    msg = _load_error(copy)
+    assert "has no checksum" in msg and "truncated or was edited" in msg and "rebuild" in msg
+    weight = max(onnx.load(str(copy)).graph.initializer, key=lambda t: len(t.raw_data)).raw_data
+    flipped = bytearray(body)
+    flipped[flipped.find(weight) + len(weight) // 2] ^= 0x04
+    copy.write_bytes(bytes(flipped))
+    assert "has no checksum" in _load_error(copy)
+
+
+def test_what_cannot_be_a_model_is_refused_before_it_is_read(tmp_path):
+    """A sparse 6 GiB file (beyond protobuf's 2 GiB) and one that does not start with a ModelProto
+    field are named without reading them whole (a read of 6 GiB would run out of memory)."""
+    big = tmp_path / "big.pulsar"
+    with open(big, "wb") as f:
+        f.truncate(6 << 30)
+    msg = _load_error(big)
+    assert "is 6.0 GiB" in msg and "more than the 2 GiB" in msg
+    zeros = tmp_path / "zeros.pulsar"
+    zeros.write_bytes(bytes(4096))
+    assert "does not start like an ONNX model: first bytes 00 00 00 00" in _load_error(zeros)
+    text = tmp_path / "text.pulsar"
+    text.write_text("hello")
+    assert "truncated or corrupt" in _load_error(text)
 
 
 # ----------------------------------------------------------------------------- metadata values

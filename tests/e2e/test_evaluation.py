@@ -18,6 +18,9 @@ from pulsar.errors import PulsarError
 from pulsar.runtime.session import Session
 from tests.tiny_model import make_numpy_calibration
 
+# many real builds in subprocesses: outside the fast tier (pytest -m "not slow"); CI runs them
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def evalset(tiny, tmp_path_factory) -> dict:
@@ -84,13 +87,37 @@ def test_a_plugin_metric_gets_each_model_as_a_session(tiny, tiny_config, tmp_pat
     assert got["npu"] == pytest.approx(got["qdq"], abs=0.05)  # both quantized: the simulator tracks the QDQ model
 
 
+def test_a_plugin_gets_all_three_models_in_the_deployed_format(tiny, tiny_config, tmp_path) -> None:
+    """With input_processors (uint8 RGB NHWC pixels in), the float and QDQ models run behind the same
+    processors the compiled model starts with: the plugin feeds one format to all three, and the float
+    figure is the float model's on those pixels converted by hand."""
+    plugin = tmp_path / "pixels.py"
+    plugin.write_text(
+        "import numpy as np\n"
+        "def mean_logit(session):\n"
+        "    (info,) = session.inputs\n"
+        "    assert (info.name, tuple(info.shape), np.dtype(info.dtype)) == ('image', (1, 16, 16, 3), np.uint8), info\n"
+        "    x = np.random.default_rng(0).integers(0, 256, (1, 16, 16, 3), dtype=np.uint8)\n"
+        "    return float(session.run({'image': x})['logits'].mean())\n")
+    procs = [{"tensor_name": "image", "src_layout": "NHWC", "src_dtype": "U8", "tensor_format": "RGB",
+              "src_format": "RGB"}]
+    pulsar.build(tiny["model"], tmp_path / "out", {**tiny_config, "input_processors": procs,
+                                                    "evaluation": {"metric": f"{plugin}:mean_logit"}}, quiet=True)
+    got = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+    x = np.random.default_rng(0).integers(0, 256, (1, 16, 16, 3), dtype=np.uint8)
+    fl = ort.InferenceSession(str(tiny["model"]), providers=["CPUExecutionProvider"])
+    want = float(fl.run(None, {"image": x.transpose(0, 3, 1, 2).astype(np.float32)})[0].mean())
+    assert got["float"] == pytest.approx(want, rel=1e-5)
+    assert got["npu"] == pytest.approx(got["qdq"], abs=0.05)
+
+
 BAD_PLUGINS = {
     "missing module": ("no_such_module_xyz:fn", "module 'no_such_module_xyz' not found"),
     "missing function": ("{plugin}:nope", "has no function 'nope'"),
     "wrong signature": ("{plugin}:two_args", "cannot be called with one argument"),
     "raising": ("{plugin}:boom", "boom() raised RuntimeError on the float model: bad data"),
     "NaN": ("{plugin}:nan", "nan() returned nan on the float model"),
-    "not a number": ("{plugin}:text", "returned str on the float model, not a number"),
+    "not a number": ("{plugin}:text", "returned str 'high' on the float model, not a number"),
     "unknown built-in": ("top3", "'top3' is not a built-in metric"),
     "sys.exit at import": ("{exits}:m", "importing {exits} raised SystemExit"),
 }

@@ -1,5 +1,7 @@
 """``pulsar sweep`` on the tiny CNN: the trial table, a Pareto front that matches the table, the PNG and
-HTML report, resuming without rebuilding, --target-metric, and bad search spaces as one error line."""
+HTML report, resuming without rebuilding (and rebuilding a trial whose record was edited),
+--target_metric, workers that die, two sweeps into one folder, and bad search spaces as one error line.
+tests/hostile/test_sweep_inputs.py holds the refusals."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,9 @@ from PIL import Image
 import pulsar
 from pulsar.errors import PulsarError
 from tests.tiny_model import make_numpy_calibration
+
+# many real builds in subprocesses: outside the fast tier (pytest -m "not slow"); CI runs them
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +106,8 @@ def test_target_metric_stops_launching_and_names_the_fastest(tiny, base, space, 
     ("lsq: [{quant.enable_lsq: true}, 3]\n", "group 'lsq': item 1 must be a mapping"),
     ("quant.enable_lsq: [true]\nlsq: [{quant.enable_lsq: false}]\n", "is set by both 'quant.enable_lsq' and 'lsq'"),
     ("lsq: [{--quant.enable_lsq: true, quant.enable_lsq: false}]\n", "item 0: a field is given twice"),
-    ("quant.enable_lsq: [false, true]\nquant.finetune_epochs: [3]\n",
-     "trial 0 (quant.enable_lsq=False, quant.finetune_epochs=3)"),
+    ("quant.enable_lsq: [true]\nquant.enable_adaround: [false, true]\n",
+     "trial 1 (quant.enable_lsq=True, quant.enable_adaround=True)"),
 ])
 def test_bad_search_spaces_are_one_error_line(tiny, base, tmp_path, text: str, needle: str) -> None:
     space = tmp_path / "space.yaml"
@@ -157,30 +163,135 @@ def test_mistakes_every_trial_would_hit_are_one_error_line_before_any_trial(tiny
     assert not (tmp_path / "out").exists() and (tmp_path / "a_file").read_text() == "not a folder"
 
 
-def test_a_dying_worker_is_a_failed_row_and_the_sweep_goes_on(tiny, tiny_config, tmp_path) -> None:
-    """A metric that kills its process (as the OOM killer would) or calls sys.exit: failed rows with
-    the reason, a fresh pool for the next trial, the report written, and the CLI's one error line."""
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pulsar", "sweep", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env={**os.environ, "COLUMNS": "200"})
+
+
+def _errors(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_a_dying_worker_is_a_failed_row_and_leaves_nothing_behind(tiny, tiny_config, tmp_path) -> None:
+    """The process building a trial is killed (by its metric, which SIGKILLs its parent, as the OOM killer
+    would): failed rows with the reason, a fresh pool for the next trial, the report written, each dead
+    trial's staging folder and lock removed and its trial.json written (sweep.json and the records agree)."""
+    plugin = tmp_path / "deadly.py"
+    plugin.write_text("import os, signal\ndef kills_worker(session):\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+                      "    return 1.0\n")
+    space = tmp_path / "space.yaml"
+    space.write_text("npu_mode: [NPU1, NPU2]\n")
+    base = tmp_path / "base.json"  # no evaluation data: a plugin reads its own
+    base.write_text(json.dumps(tiny_config))
+    out = tmp_path / "out"
+    rows = pulsar.sweep(tiny["model"], base, space, out, metric=f"{plugin}:kills_worker", workers=1, quiet=True)
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert all("worker process died" in r["error"] for r in rows), rows
+    assert json.loads((out / "sweep.json").read_text())["trials"] == [{**r, "pareto": False} for r in rows]
+    for r in rows:
+        folder = out / "trials" / str(r["trial"])
+        assert not list(folder.glob(".pulsar*")), list(folder.iterdir())  # no staging folder, no lock
+        record = json.loads((folder / "trial.json").read_text())
+        assert record["status"] == "failed" and "worker process died" in record["error"]
+
+
+def test_a_metric_that_kills_or_exits_its_process_is_a_failed_row(tiny, tiny_config, tmp_path) -> None:
+    """A plugin runs in a process of its own: killing it or calling sys.exit fails the trial with the
+    plugin's name and what it did; the worker lives on, and the CLI ends with its one error line."""
     plugin = tmp_path / "deadly.py"
     plugin.write_text("import os, signal, sys\n"
                       "def killed(session):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
                       "def exits(session):\n    sys.exit(3)\n")
     space = tmp_path / "space.yaml"
     space.write_text("npu_mode: [NPU1, NPU2]\n")
-    base = tmp_path / "base.json"  # no evaluation data: a plugin reads its own
+    base = tmp_path / "base.json"
     base.write_text(json.dumps(tiny_config))
     rows = pulsar.sweep(tiny["model"], base, space, tmp_path / "a", metric=f"{plugin}:killed", workers=1, quiet=True)
     assert [r["status"] for r in rows] == ["failed", "failed"]
-    assert all("worker process died" in r["error"] for r in rows), rows
-    assert json.loads((tmp_path / "a" / "sweep.json").read_text())["trials"] == rows
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "sweep", "--input", str(tiny["model"]), "--config",
-                           str(base), "--space", str(space), "--output_dir", str(tmp_path / "b"), "--metric",
-                           f"{plugin}:exits"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "COLUMNS": "200"})
+    assert all("deadly.py:killed was killed by SIGKILL" in r["error"] and "the float model" in r["error"]
+               for r in rows), rows
+    assert not list((tmp_path / "a" / "trials").glob("*/.pulsar*"))
+    proc = _cli("--input", str(tiny["model"]), "--config", str(base), "--space", str(space), "--output_dir",
+                str(tmp_path / "b"), "--metric", f"{plugin}:exits")
     assert proc.returncode == 2, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = _errors(proc)
     assert len(errors) == 1 and "every trial failed" in errors[0] and "exits() raised SystemExit" in errors[0], \
         proc.stderr
     assert (tmp_path / "b" / "sweep.json").is_file()
+
+
+def test_a_second_sweep_into_the_same_folder_fails_at_once_and_the_first_stays_whole(tiny, tiny_config,
+                                                                                     tmp_path) -> None:
+    """The sweep holds its folder's lock, as a build does: a second sweep there is one error line naming
+    the first (its pid), and the first finishes with sweep.json agreeing with every trial.json."""
+    plugin = tmp_path / "slow.py"
+    plugin.write_text("import time\ndef slow(session):\n    time.sleep(2)\n    return 0.5\n")
+    space = tmp_path / "space.yaml"
+    space.write_text("npu_mode: [NPU1, NPU2]\n")
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(tiny_config))
+    args = ["--input", str(tiny["model"]), "--config", str(base), "--space", str(space), "--output_dir",
+            str(tmp_path / "out"), "--metric", f"{plugin}:slow", "--workers", "1"]
+    first = subprocess.Popen([sys.executable, "-m", "pulsar", "sweep", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "out" / ".pulsar.lock").exists() and first.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        second = _cli(*args)
+        assert first.poll() is None, "the first sweep ended before the second one was refused: make it slower"
+        out, err = first.communicate(timeout=300)
+    finally:
+        first.kill()
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
+    errors = _errors(second)
+    assert len(errors) == 1 and "is in use by another pulsar build" in errors[0], second.stderr
+    assert f"pid {first.pid}" in errors[0], errors[0]
+    assert first.returncode == 0, err
+    report = json.loads((tmp_path / "out" / "sweep.json").read_text())["trials"]
+    assert [r["status"] for r in report] == ["ok", "ok"]
+    for r in report:
+        record = json.loads((tmp_path / "out" / "trials" / str(r["trial"]) / "trial.json").read_text())
+        record.pop("fingerprint")
+        assert {k: v for k, v in r.items() if k != "pareto"} == record
+    assert not (tmp_path / "out" / ".pulsar.lock").exists()
+
+
+def test_a_resumed_sweep_reruns_a_trial_whose_record_was_edited(tiny, base, tmp_path) -> None:
+    """trial.json is the sweep's own cache: one whose figures are not what a trial writes (a metric
+    "0.9", a latency "fast") is not trusted; its trial is built again, with a warning naming the file."""
+    space = tmp_path / "space.yaml"
+    space.write_text("npu_mode: [NPU1, NPU2]\n")
+    args = ["--input", str(tiny["model"]), "--config", str(base), "--space", str(space), "--output_dir", "out"]
+    assert _cli(*args, cwd=tmp_path).returncode == 0
+    record = tmp_path / "out" / "trials" / "0" / "trial.json"
+    row = json.loads(record.read_text())
+    record.write_text(json.dumps({**row, "metric": "0.9", "latency_ms": "fast"}))
+    stamps = {k: (tmp_path / "out" / "trials" / k / "compiled.pulsar").stat().st_mtime_ns for k in "01"}
+    proc = _cli(*args, cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "trials/0/trial.json: metric is '0.9'" in proc.stderr and "trial 0 runs again" in proc.stderr
+    trials = json.loads((tmp_path / "out" / "sweep.json").read_text())["trials"]
+    assert not trials[0].get("resumed") and trials[1]["resumed"]
+    assert trials[0]["metric"] == row["metric"] and trials[0]["latency_ms"] == row["latency_ms"]
+    assert (tmp_path / "out" / "trials" / "0" / "compiled.pulsar").stat().st_mtime_ns != stamps["0"]
+    assert (tmp_path / "out" / "trials" / "1" / "compiled.pulsar").stat().st_mtime_ns == stamps["1"]
+
+
+def test_help_and_the_target_metric_flag(tiny, base, space, tmp_path) -> None:
+    """--target_metric is spelled like every other flag; the old --target-metric still works (hidden); the
+    help shows the [ray] extra literally."""
+    proc = subprocess.run([sys.executable, "-m", "pulsar", "sweep", "--help"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0 and "needs the [ray] extra" in proc.stdout, proc.stdout
+    assert "--target_metric" in proc.stdout and "--target-metric" not in proc.stdout
+    proc = _cli("--input", str(tiny["model"]), "--config", str(base), "--space", str(space), "--output_dir",
+                str(tmp_path / "out"), "--workers", "1", "--target-metric", "0")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert report["best"] == 0 and [r["status"] for r in report["trials"]] == ["ok"] + ["skipped"] * 5
+    assert "not run: a trial met --target_metric" in report["trials"][1]["error"]
 
 
 def test_resume_rebuilds_a_trial_whose_metric_or_model_changed(tiny, base, tmp_path) -> None:
@@ -250,3 +361,21 @@ def test_ray_without_the_extra_is_one_error_line(tiny, base, space, tmp_path) ->
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and 'pip install "pulsar-npu[ray]"' in errors[0], proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "examples" / "assets" / "mobilenetv2.onnx").is_file(),
+                    reason="the example assets are not made (python examples/make_assets.py)")
+def test_the_readme_sweep_of_the_example_model(tmp_path) -> None:
+    """The README's command, as written, on the example MobileNetV2 with configs/mobilenetv2.json (uint8
+    NHWC input processors): every trial scores, the float model agrees with itself on every crop."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "pulsar", "sweep", "--input", "examples/assets/mobilenetv2.onnx",
+                           "--config", "configs/mobilenetv2.json", "--space", "configs/mobilenetv2_sweep.yaml",
+                           "--metric", "examples/sweep_metric.py:top1_agreement", "--output_dir",
+                           str(tmp_path / "sweep_mbv2")], capture_output=True, text=True, timeout=1800, cwd=root,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((tmp_path / "sweep_mbv2" / "sweep.json").read_text())["trials"]
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows), rows
+    assert all(r["metric_float"] == 1.0 and 0.5 < r["metric"] <= 1.0 for r in rows), rows

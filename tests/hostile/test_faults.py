@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.hostile.harness import Snapshot, assert_clean_failure, run_cli
+
+# many real builds in subprocesses: outside the fast tier (pytest -m "not slow"); CI runs them
+pytestmark = pytest.mark.slow
 
 SHAPE = (1, 3, 16, 16)
 
@@ -196,15 +200,18 @@ def test_names_with_markup_and_escapes_are_printed_literally(tmp_path: Path) -> 
     assert "\x1b" not in log and "[bold red]x[/]\\x1b[2J" in log
 
 
-def test_piped_tables_are_not_cut(tmp_path: Path) -> None:
-    """Without COLUMNS and without a terminal, a long tensor name stays whole in every table."""
+def test_piped_tables_and_progress_bars_are_not_cut(tmp_path: Path) -> None:
+    """Without COLUMNS and without a terminal, a long tensor name stays whole in every table, every
+    progress bar is printed whole (description, bar, count, time: wider than 80 columns), and one
+    sample is "1 sample" everywhere."""
     name = "feature_" + uuid.uuid4().hex * 3  # 104 characters, wider than 80 columns on its own
     model = _named_model(tmp_path / "m.onnx", name)
     calib = tmp_path / "calib"
     calib.mkdir()
     np.save(calib / "0.npy", np.zeros((1, 3, 8, 8), np.float32))
     conf = {"quant": {"input_configs": [{"tensor_name": "DEFAULT", "calibration_dataset": str(calib),
-                                         "calibration_format": "Numpy"}], "precision_analysis": True}}
+                                         "calibration_format": "Numpy"}], "precision_analysis": True},
+            "compiler": {"check": 3}}
     (tmp_path / "c.json").write_text(json.dumps(conf))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(model), "--output_dir", "out",
@@ -213,6 +220,11 @@ def test_piped_tables_are_not_cut(tmp_path: Path) -> None:
     rows = [ln for ln in proc.stderr.splitlines() if "conv" + name in ln]
     assert rows, proc.stderr  # the precision table's operator column holds the whole layer name
     assert all("…" not in r for r in rows)
+    for description in ("calibrating (1 sample)", "precision analysis (PerLayer Reference, 1 sample)",
+                        "compiler check 3 (cosine, CheckPerLayer, 1 sample)"):
+        bar = [ln for ln in proc.stderr.splitlines() if ln.startswith(description + " ")]
+        assert len(bar) == 1 and re.fullmatch(r"━+ 1/1 \d+:\d\d:\d\d", bar[0][len(description) + 1:]), proc.stderr
+    assert "1 samples" not in proc.stdout + proc.stderr
 
 
 def test_sigterm_during_pulsar_run(tmp_path: Path, tiny: dict[str, Path]) -> None:

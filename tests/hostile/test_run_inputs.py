@@ -20,7 +20,7 @@ import onnx
 import pytest
 
 import pulsar
-from pulsar.core.integrity import sealed_bytes
+from pulsar.core.integrity import CHECKSUM_KEY, sealed_bytes
 from tests.hostile.harness import Case, Snapshot, assert_clean_failure, run_cli
 
 SHAPE = (1, 3, 16, 16)
@@ -70,6 +70,18 @@ def _flip_weight(raw: bytearray) -> bytearray:
     weight = max(model.graph.initializer, key=lambda t: len(t.raw_data)).raw_data
     raw[raw.find(weight) + len(weight) // 2] ^= 0x04
     return raw
+
+
+def _cut_checksum(raw: bytearray) -> bytearray:
+    """The file cut exactly before its checksum trailer (the one-entry ModelProto at its end)."""
+    model = onnx.ModelProto()
+    model.ParseFromString(bytes(raw))
+    tail = onnx.ModelProto()
+    entry = tail.metadata_props.add()
+    entry.key, entry.value = CHECKSUM_KEY, next(p.value for p in model.metadata_props if p.key == CHECKSUM_KEY)
+    trailer = tail.SerializeToString()
+    assert raw.endswith(trailer)
+    return raw[: len(raw) - len(trailer)]
 
 
 def _flip_digest(raw: bytearray) -> bytearray:
@@ -209,6 +221,15 @@ def _info_dir(d: Path, env: Env) -> list[str]:
     return ["info", "model"]
 
 
+def _sparse(size: int) -> Setup:
+    """``pulsar info`` of a sparse file of ``size`` zero bytes (no disk used)."""
+    def setup(d: Path, env: Env) -> list[str]:
+        with open(d / "big.pulsar", "wb") as f:
+            f.truncate(size)
+        return ["info", "big.pulsar"]
+    return setup
+
+
 # --------------------------------------------------------------------------- the corpus
 
 CASES = [
@@ -223,6 +244,9 @@ CASES = [
     Case("model_bit_flip_in_weight", _bytes_edit(_flip_weight), ("m.pulsar", "checksum mismatch", "rebuild")),
     Case("model_checksum_damaged", _bytes_edit(_flip_digest), ("m.pulsar", "checksum mismatch")),
     Case("model_plain_onnx", _plain_onnx, ("plain.onnx", "not a pulsar compiled model")),
+    Case("model_cut_before_checksum", _bytes_edit(_cut_checksum), ("m.pulsar", "has no checksum", "rebuild")),
+    Case("model_checksum_removed_then_weight_flipped", _bytes_edit(lambda raw: _flip_weight(_cut_checksum(raw))),
+         ("m.pulsar", "has no checksum", "truncated or was edited")),
     Case("model_newer_format", _tamper(_prop("pulsar.format_version", "4")), ("newer pulsar (format 4", "upgrade")),
     Case("model_unknown_option", _tamper(_npu_attr("options", b'{"turbo": true}')),
          ("m.pulsar", "npu_0", "unknown option 'turbo'")),
@@ -244,6 +268,8 @@ CASES = [
     Case("info_missing", _info_missing, ("missing.pulsar", "does not exist")),
     Case("info_bit_flip", _info_flip, ("m.pulsar", "checksum mismatch")),
     Case("info_directory", _info_dir, ("model", "is a directory")),
+    Case("info_sparse_6_gib", _sparse(6 << 30), ("big.pulsar", "is 6.0 GiB", "more than the 2 GiB")),
+    Case("info_sparse_zeros", _sparse(64 << 20), ("big.pulsar", "does not start like an ONNX model")),
     Case("info_tampered_estimate", _tamper(_prop("pulsar.estimate", '{"cycles": -1}'), command="info"),
          ("pulsar.estimate.cycles", "out of range")),
     # --output_dir
@@ -268,6 +294,8 @@ CASES = [
     # --batch_size
     Case("batch_size_zero", _with_input(None, "image.npy", "--batch_size", "0"), "--batch_size must be at least 1, got 0"),
     Case("batch_size_negative", _with_input(None, "image.npy", "--batch_size", "-5"), "got -5"),
+    Case("batch_size_not_an_integer", _with_input(None, "image.npy", "--batch_size", "ten"),
+         "--batch_size: 'ten' is not an integer"),
     Case("batch_size_beyond_memory", _cmd("run", "--model", "{model}", "--random_input", "--output_dir", "out",
                                           "--batch_size", "1000000000", inputs=False),
          ("--batch_size 1000000000 needs 3.11 TB", "MemAvailable")),
@@ -353,3 +381,22 @@ def test_unsafe_and_duplicate_list_entries_stay_inside_output_dir(env, tmp_path)
     assert all(before.files[p] == after.files[p] for p in before.files)  # nothing changed either
     assert "s1_line2" in proc.stderr and "sample_line3" in proc.stderr  # the renaming is logged
     assert "3 samples" in proc.stdout
+
+
+# --------------------------------------------------------------------------- runs that succeed with a warning
+
+
+def test_a_file_no_input_reads_is_named_in_a_warning(env, tmp_path):
+    """``images.npy`` beside ``image.npy`` is a likely typo: the run succeeds and warns, naming the file
+    and the input it resembles; an unrelated file is named too; hidden files are not."""
+    _sample(tmp_path / "in")
+    _sample(tmp_path / "in", name="images.npy")
+    (tmp_path / "in" / "notes.txt").write_text("x")
+    (tmp_path / "in" / ".DS_Store").write_text("x")
+    proc = run_cli(_run(env.model, "--input_dir", "in"), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("WARNING")]
+    assert len(warnings) == 2, proc.stderr
+    assert "in/images.npy" in warnings[0] and 'resembles image.npy, the file of input "image"' in warnings[0]
+    assert "in/notes.txt" in warnings[1] and "no model input reads this file" in warnings[1]
+    assert "error" not in proc.stderr.lower()

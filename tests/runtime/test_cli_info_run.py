@@ -60,6 +60,7 @@ def test_run_prints_outputs_and_time_per_sample(model, tmp_path):
     lines = proc.stdout.strip().splitlines()
     assert any("logits" in ln and "1x10" in ln and "float32" in ln for ln in lines), proc.stdout
     assert "2 samples in" in lines[-1] and "ms per sample (NPUBackend)" in lines[-1] and "o/<sample>/" in lines[-1]
+    assert re.search(r"after a \d+\.\d ms warm-up run \(not counted\)", lines[-1]), lines[-1]
     assert "wrote 2 output file(s)" in proc.stderr  # logs stay on stderr
     assert sorted(p.relative_to(tmp_path / "o").as_posix() for p in (tmp_path / "o").rglob("*.npy")) == \
         ["s0/logits.npy", "s1/logits.npy"]
@@ -80,3 +81,23 @@ def test_info_of_a_model_with_little_metadata(tmp_path):
     text = console.export_text()
     console.file.close()
     assert re.search(r"target hardware\s+│ -\s", text) and "images" in text and "2x3x16x16" in text and "npu_0" in text
+
+
+def test_run_times_the_warm_up_apart_and_shows_per_sample_shapes(model, tmp_path):
+    """A file of 4 samples run with --batch_size 4: the table shows one sample's output shape (not the
+    stacked 4x10), the time per sample leaves out the warm-up run, which is printed apart, and a
+    single sample reads "1 sample"."""
+    (tmp_path / "in").mkdir()
+    np.save(tmp_path / "in" / "image.npy", np.ones((4, 16, 16, 3), np.float32))
+    proc = run_cli(["run", "--model", str(model), "--input_dir", "in", "--batch_size", "4", "--output_dir", "o"],
+                   tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = [ln for ln in proc.stdout.splitlines() if "logits" in ln]
+    assert rows and "1x10" in rows[0] and "4x10" not in proc.stdout, proc.stdout
+    last = proc.stdout.strip().splitlines()[-1]
+    m = re.search(r"4 samples in ([\d.]+) s: ([\d.]+) ms per sample \(NPUBackend\), after a ([\d.]+) ms warm-up", last)
+    assert m, last
+    assert abs(float(m.group(2)) - 1000 * float(m.group(1)) / 4) < 1.0  # the warm-up is not in the total
+    assert np.load(tmp_path / "o" / "logits.npy").shape == (4, 10)  # the file holds every sample
+    one = run_cli(["run", "--model", str(model), "--random_input", "--output_dir", "o1"], tmp_path)
+    assert one.returncode == 0 and "1 sample in" in one.stdout and "1 samples" not in one.stdout, one.stdout

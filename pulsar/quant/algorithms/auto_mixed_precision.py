@@ -95,7 +95,7 @@ def search(float_model: onnx.ModelProto, export: Callable[[list[str]], onnx.Mode
     ``new_task(description, total)`` (see :mod:`pulsar.utils.progress`) shows the ranking (per sample)
     and the trials (one tick each, the 8-bit baseline included) as they run."""
     base = export([])
-    rank_task = new_task(f"auto mixed precision: ranking layers ({len(samples)} samples)", len(samples)) \
+    rank_task = new_task(f"auto mixed precision: ranking layers ({len(samples)} sample{'s' if len(samples) != 1 else ''})", len(samples)) \
         if new_task else None
     ranking = ranked_layers(float_model, base, samples, candidates, progress=rank_task)
     sizes = _sizes(max_layers, len(ranking))

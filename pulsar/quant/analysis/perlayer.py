@@ -303,8 +303,8 @@ def analyze(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto, samples: I
                            _qdtype(p.tensor, tensors, producers, inits, p.dtype),
                            accs[i].cosine, accs[i].mse, accs[i].sqnr_db, accs[i].worst_slice)
             for i, p in enumerate(probes)]
-    log.info("precision analysis (%s): %d layers over %d samples in %.2f s", method, len(rows), count,
-             time.perf_counter() - t0)
+    log.info("precision analysis (%s): %d layers over %d sample%s in %.2f s", method, len(rows), count,
+             "" if count == 1 else "s", time.perf_counter() - t0)
     return rows
 
 

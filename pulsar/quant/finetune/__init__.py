@@ -237,4 +237,4 @@ def _train(ctx: BuildContext, qg: QuantGraph, settings: Settings, device: torch.
     _save(cache, qg, changed)
     log.info("fine-tuning (%s): %d blocks in %.1f s, %d rolled back, %d parameters learned%s", settings.algorithm,
              len(blocks), time.perf_counter() - start, sum(r.rolled_back for r in reports), len(changed),
-             f"; block inputs of {spilled} samples spilled to disk" if spilled else "")
+             f"; block inputs of {spilled} sample{'s' if spilled != 1 else ''} spilled to disk" if spilled else "")
