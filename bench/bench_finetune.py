@@ -110,7 +110,8 @@ _PEAK = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=T
 
 _BLOCK = re.compile(r"block (\d+)/(\d+): \[(.*?)\] -> \[(.*?)\]\s+(\d+) layer\(s\)\s+loss (\S+) -> (\S+)(.*?)\s+"
                     r"([\d.]+) s\s*$")
-_SUMMARY = re.compile(r"fine-tuning \((\w+)\): (\d+) blocks in ([\d.]+) s, (\d+) rolled back, (\d+) parameters "
+_SUMMARY = re.compile(r"fine-tuning \((\w+)\): (\d+) blocks in ([\d.]+) s, (\d+) rolled back"
+                      r"( \(all undone by the whole-model check\))?, (\d+) parameters "
                       r"learned(?:; block inputs of (\d+) samples spilled to disk)?")
 _CACHED = re.compile(r"fine-tuning: (\d+) learned parameters from the cache")
 
@@ -127,8 +128,8 @@ def parse_build_log(path: Path) -> dict:
                            "nothing_to_train": "nothing to train" in rest, "seconds": float(m.group(9))})
         elif m := _SUMMARY.search(line):
             summary = {"algorithm": m.group(1), "blocks": int(m.group(2)), "seconds": float(m.group(3)),
-                       "rolled_back": int(m.group(4)), "parameters": int(m.group(5)),
-                       "spilled_samples": int(m.group(6) or 0)}
+                       "rolled_back": int(m.group(4)), "undone": bool(m.group(5)), "parameters": int(m.group(6)),
+                       "spilled_samples": int(m.group(7) or 0)}
         elif m := _CACHED.search(line):
             cached = int(m.group(1))
     return {"blocks": blocks, "summary": summary, "cached_parameters": cached}
@@ -167,6 +168,7 @@ class Target:
     calib_sources: str
     sets: list[EvalData]
     disjoint_ok: bool | None = None
+    finetune: dict = field(default_factory=dict)  # overrides for the fine-tuning builds (a zoo module's FINETUNE)
 
 
 def _digests(arrays: list[np.ndarray]) -> set[str]:
@@ -523,7 +525,7 @@ def zoo_target(name: str, work: Path, args: argparse.Namespace) -> Target:
         sets.append(EvalData("other", "- (" + ZOO_NO_OTHER.get(name, "none") + ")", 0, None))
     return Target(ZOO_PREFIX + name, mod.TITLE, mod.KEYS[0], "vs float", model, config, len(calib),
                   f"bench.zoo.{zoo.MODELS[name]}.calib_feeds", sets,
-                  not any(s.data.get("equal") for s in sets))
+                  not any(s.data.get("equal") for s in sets), finetune=getattr(mod, "FINETUNE", {}))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -547,11 +549,11 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def _overrides(algo: str, args: argparse.Namespace) -> dict:
+def _overrides(algo: str, args: argparse.Namespace, extra: dict | None = None) -> dict:
     if algo == "default":
         return {}
     return {f"quant.enable_{algo}": True, "quant.finetune_epochs": args.epochs,
-            "quant.finetune_block_size": args.block_size, "quant.device": args.device}
+            "quant.finetune_block_size": args.block_size, "quant.device": args.device, **(extra or {})}
 
 
 def _add_note(row: Row, note: str) -> None:
@@ -570,7 +572,7 @@ def bench_target(t: Target, work: Path, args: argparse.Namespace) -> tuple[list[
         start = time.perf_counter()
         try:
             res = pulsar.build(input=str(t.float_model), output_dir=str(out_dir), config=t.config,
-                               overrides=_overrides(algo, args), quiet=True)
+                               overrides=_overrides(algo, args, t.finetune), quiet=True)
         except Exception as exc:  # one failing build must not hide the others' figures
             rows.append(Row(t.key, algo, note=f"build failed: {first_line(exc)}"))
             if args.debug:
@@ -721,7 +723,8 @@ def format_target(fig: dict, args: argparse.Namespace) -> str:
             str(summary.get("rolled_back", sum(b["rolled_back"] for b in ft["blocks"]) if ft else "-")),
             str(sum(b["nothing_to_train"] for b in ft["blocks"])) if ft else "-",
             _fmt(summary.get("seconds"), ".1f"),
-            r["note"] or ("cached" if ft and ft.get("cached_parameters") is not None else ""),
+            r["note"] or ("cached" if ft and ft.get("cached_parameters") is not None
+                          else "undone: the whole model was no better" if summary.get("undone") else ""),
         ])
     ort_fig = fig["ort_quantize_static"]
     if ort_fig:

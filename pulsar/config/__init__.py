@@ -52,7 +52,7 @@ class EffectiveConfig:
 
 
 _FINETUNE_SWITCHES = ("enable_adaround", "enable_brecq", "enable_lsq")
-_FINETUNE_ONLY = ("finetune_epochs", "finetune_block_size", "finetune_batch_size", "finetune_lr", "device")
+_FINETUNE_ONLY = ("finetune_epochs", "finetune_block_size", "finetune_batch_size", "finetune_lr", "finetune_loss_mask", "device")
 _NOT_HASHED = ("input", "output_dir", "work_dir", "output_name", "onnx_opt.model_check",
                "quant.precision_analysis", "quant.precision_analysis_method", "quant.precision_analysis_mode",
                "quant.input_sample_dir", "compiler.check", "compiler.check_mode", "compiler.check_rtol",

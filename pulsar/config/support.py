@@ -113,7 +113,7 @@ SWITCHED: list[Needs] = [
     Needs("quant.smooth_quant_threshold", lambda q: bool(q.get("enable_smooth_quant")), "quant.enable_smooth_quant"),
     Needs("quant.smooth_quant_strength", lambda q: bool(q.get("enable_smooth_quant")), "quant.enable_smooth_quant"),
     *(Needs(f"quant.{f}", _finetune, _FINETUNE) for f in ("finetune_epochs", "finetune_block_size",
-                                                          "finetune_batch_size", "finetune_lr", "device")),
+                                                          "finetune_batch_size", "finetune_lr", "finetune_loss_mask", "device")),
     Needs("quant.precision_analysis_method", _analysis, "quant.precision_analysis"),
     Needs("quant.precision_analysis_mode", _analysis, "quant.precision_analysis"),
     Needs("quant.input_sample_dir", _analysis, "quant.precision_analysis (its samples)"),

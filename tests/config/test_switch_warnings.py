@@ -25,6 +25,7 @@ SET: dict[str, Any] = {
     "quant.finetune_block_size": 2,
     "quant.finetune_batch_size": 8,
     "quant.finetune_lr": 0.01,
+    "quant.finetune_loss_mask": "attention_mask",
     "quant.device": "cuda:0",
     "quant.precision_analysis_method": "EndToEnd",
     "quant.precision_analysis_mode": "NPUBackend",

@@ -60,7 +60,8 @@ def _model(text: str) -> onnx.ModelProto:
 
 
 def _q(**kw: object) -> SimpleNamespace:
-    base = {"enable_adaround": False, "enable_brecq": True, "enable_lsq": False, "finetune_block_size": 1}
+    base = {"enable_adaround": False, "enable_brecq": True, "enable_lsq": False, "finetune_block_size": 1,
+            "finetune_loss_mask": ""}
     return SimpleNamespace(**{**base, **kw})
 
 

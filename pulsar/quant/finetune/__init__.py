@@ -26,6 +26,8 @@ from pulsar.errors import PulsarError
 from pulsar.quant.finetune.algorithms import OBJECTIVES
 from pulsar.quant.finetune.blocks import Block, make_blocks
 from pulsar.quant.finetune.gradient import reach
+from pulsar.quant.finetune.guard import WholeModelCheck
+from pulsar.quant.finetune.loss_mask import check_mask_input, sample_mask
 from pulsar.quant.finetune.reconstruct import BlockReport, Reconstruction, Settings, block_activations
 from pulsar.quant.finetune.store import SampleStore
 from pulsar.quant.graph import QuantGraph
@@ -120,7 +122,8 @@ def _block_line(r: BlockReport, n: int) -> str:
     state = f" (rolled back: {worse})" if r.rolled_back else ""
     state = f" (stays calibrated: {r.reason or 'nothing to train'})" if not r.trained else state
     return (f"block {r.index}/{n}: [{ins}] -> [{outs}]  {r.layers} layer(s)  loss {r.loss_before:.6g} -> "
-            f"{r.loss_after:.6g}{state}  {r.seconds:.1f} s")
+            f"{r.loss_after:.6g} (SQNR {r.sqnr(r.loss_before):.1f} -> {r.sqnr(r.loss_after):.1f} dB){state}  "
+            f"{r.seconds:.1f} s")
 
 
 def _option(q: Any) -> str:
@@ -158,6 +161,7 @@ def check_finetune(model: onnx.ModelProto, q: Any) -> None:
     if not weights:
         raise PulsarError(f"{_option(q)}: this model has no weighted layer (Conv, Gemm, MatMul with a constant "
                           f"weight ...) for fine-tuning to train; turn {_option(q)} off")
+    check_mask_input(model, q.finetune_loss_mask)
     blocks, notes = trainable_blocks(model, weights, q)
     for line in notes:
         log.info("fine-tuning: %s", line)
@@ -172,7 +176,7 @@ def run_finetune(ctx: BuildContext, qg: QuantGraph) -> None:
     device = resolve_device(q.device)
     algo = algorithm(q)
     settings = Settings(algo, q.finetune_epochs, q.finetune_batch_size, q.finetune_lr,
-                        qdrop=QDROP.get(algo, 0.0), held_out=True)
+                        qdrop=QDROP.get(algo, 0.0), held_out=True, loss_mask=q.finetune_loss_mask)
     weights = {w.tensor: w.node for w in qg.plan.weights if w.tensor in qg.params}
     blocks, notes = trainable_blocks(qg.model, weights, q)
     for line in notes:
@@ -194,10 +198,19 @@ def _train(ctx: BuildContext, qg: QuantGraph, settings: Settings, device: torch.
     exe = QuantExecutor(qg, device)
     spill = Path(scratch_dir() or ctx.work_dir / "cache")
     fp, qs = SampleStore(spill), SampleStore(spill)
-    for sample in ctx.calibration:
+    mask_name = q.finetune_loss_mask
+    masks = SampleStore(spill) if mask_name else None
+    rec = Reconstruction(exe, settings, masks)
+    train, held = rec.split(len(ctx.calibration))
+    kept: list[dict[str, np.ndarray]] = []
+    for i, sample in enumerate(ctx.calibration):
         fp.append(sample)
         qs.append(sample)
-    rec = Reconstruction(exe, settings)
+        if masks is not None:
+            masks.append({"m": sample_mask(sample, mask_name)})
+        if i in held:
+            kept.append(sample)
+    check = WholeModelCheck(exe, kept, [sample_mask(s, mask_name) for s in kept] if mask_name else None)
     reports: list[BlockReport] = []
     start = time.perf_counter()
     spilled = 0
@@ -221,20 +234,37 @@ def _train(ctx: BuildContext, qg: QuantGraph, settings: Settings, device: torch.
     finally:
         fp.close()
         qs.close()
+        if masks is not None:
+            masks.close()
     changed: list[str] = []
     trained = {w for b, r in zip(blocks, reports, strict=True) if r.trained and not r.rolled_back for w in b.weights}
-    for w in sorted(trained):
-        value, scale = exe.weight_values(w)
-        qg.set_weight(w, value)
-        qg.params[w].scale = scale.reshape(np.shape(qg.params[w].scale))
-        changed.append(w)
-    for a, aq in exe.acts.items():
-        scale = aq.scale0.detach().cpu().numpy()
-        if not np.array_equal(scale.astype(np.float32), np.asarray(qg.params[a].scale, np.float32)):
-            qg.set_scale(a, scale)
-            changed.append(a)
+    learned = bool(trained) or any(not np.array_equal(aq.scale0.detach().cpu().numpy().astype(np.float32),
+                                                      np.asarray(qg.params[a].scale, np.float32))
+                                   for a, aq in exe.acts.items())
+    undone = False
+    if learned:
+        verdict = check.verdict()
+        what = verdict.line() if held != train else verdict.line().replace("held-out", "calibration")
+        undone = not verdict.keep
+        if undone:
+            log.warning("fine-tuning (%s): %s: no better than calibrated, so every block keeps its calibrated "
+                        "parameters", settings.algorithm, what)
+        else:
+            log.info("fine-tuning (%s): %s", settings.algorithm, what)
+    if not undone:
+        for w in sorted(trained):
+            value, scale = exe.weight_values(w)
+            qg.set_weight(w, value)
+            qg.params[w].scale = scale.reshape(np.shape(qg.params[w].scale))
+            changed.append(w)
+        for a, aq in exe.acts.items():
+            scale = aq.scale0.detach().cpu().numpy()
+            if not np.array_equal(scale.astype(np.float32), np.asarray(qg.params[a].scale, np.float32)):
+                qg.set_scale(a, scale)
+                changed.append(a)
     qg.rederive_biases(q.refine_weight_threshold)
     _save(cache, qg, changed)
-    log.info("fine-tuning (%s): %d blocks in %.1f s, %d rolled back, %d parameters learned%s", settings.algorithm,
-             len(blocks), time.perf_counter() - start, sum(r.rolled_back for r in reports), len(changed),
+    log.info("fine-tuning (%s): %d blocks in %.1f s, %d rolled back%s, %d parameters learned%s", settings.algorithm,
+             len(blocks), time.perf_counter() - start, sum(r.rolled_back for r in reports),
+             " (all undone by the whole-model check)" if undone else "", len(changed),
              f"; block inputs of {spilled} sample{'s' if spilled != 1 else ''} spilled to disk" if spilled else "")

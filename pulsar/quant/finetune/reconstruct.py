@@ -25,6 +25,7 @@ import torch
 
 from pulsar.quant.finetune.algorithms import OBJECTIVES, Objective
 from pulsar.quant.finetune.blocks import Block
+from pulsar.quant.finetune.loss_mask import mean_square, per_sample_error, squared_error
 from pulsar.quant.finetune.store import SampleStore
 from pulsar.quant.torch_exec import QuantExecutor
 
@@ -46,6 +47,7 @@ class Settings:
     seed: int = 0
     qdrop: float = 0.0       # QDrop probability (0: off)
     held_out: bool = False   # judge the rollback on samples kept out of training
+    loss_mask: str = ""      # quant.finetune_loss_mask: the model input that weighs the losses
 
 
 @dataclass
@@ -61,6 +63,13 @@ class BlockReport:
     trained: bool = True
     hard_rounding: bool = True   # the after-loss is that of the hard (integer) rounding
     reason: str = ""             # why a block did not train
+    signal: float = 0.0          # mean square of the float targets on the held-out samples
+
+    def sqnr(self, loss: float) -> float:
+        """Signal-to-quantization-noise ratio in dB of a loss on the held-out samples."""
+        if loss <= 0 or not np.isfinite(loss):
+            return float("inf") if loss == 0 else float("nan")
+        return float(10 * np.log10(max(self.signal, 1e-30) / loss))
 
 
 def _batch(store: SampleStore, idx: Iterable[int], names: Sequence[str], device: torch.device) -> dict[str, torch.Tensor]:
@@ -68,13 +77,14 @@ def _batch(store: SampleStore, idx: Iterable[int], names: Sequence[str], device:
     return {n: torch.from_numpy(np.concatenate([s[n] for s in samples])).to(device) for n in names}
 
 
-def _mse(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> torch.Tensor:
-    return torch.stack([torch.mean((a[k] - b[k]) ** 2) for k in a]).mean()
+def _mse(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+    return torch.stack([squared_error(a[k], b[k], mask) for k in a]).mean()
 
 
 class Reconstruction:
-    def __init__(self, exe: QuantExecutor, settings: Settings) -> None:
+    def __init__(self, exe: QuantExecutor, settings: Settings, masks: SampleStore | None = None) -> None:
         self.exe, self.settings = exe, settings
+        self.masks = masks  # quant.finetune_loss_mask of every sample (key "m"), or None
         self.objective: Objective = OBJECTIVES[settings.algorithm]
         self.device = exe.device
         self.rng = np.random.default_rng(settings.seed)
@@ -92,6 +102,10 @@ class Reconstruction:
         parts = [self.exe.run(block.nodes, {k: v.reshape(n, v.shape[0] // n, *v.shape[1:])[i] for k, v in feeds.items()},
                               names, quant=quant) for i in range(n)]
         return {k: torch.cat([p[k] for p in parts]) for k in names}
+
+    def _mask(self, idx: Iterable[int]) -> torch.Tensor | None:
+        """The loss mask of the samples ``idx``, stacked along axis 0 as :func:`_batch` stacks them."""
+        return None if self.masks is None else _batch(self.masks, idx, ["m"], self.device)["m"]
 
     def split(self, n: int) -> tuple[list[int], list[int]]:
         """(training samples, held-out samples the rollback judges on). With enough samples the
@@ -115,8 +129,18 @@ class Reconstruction:
             for idx in [held[i:i + CHUNK] for i in range(0, len(held), CHUNK)]:
                 o = self._run(block, _batch(q, idx, block.inputs, self.device), targets, True, len(idx))
                 t = _batch(tgt, idx, targets, self.device)
-                per = torch.stack([((o[k] - t[k]) ** 2).reshape(len(idx), -1).mean(1) for k in targets]).mean(0)
+                m = self._mask(idx)
+                per = torch.stack([per_sample_error(o[k], t[k], m, len(idx)) for k in targets]).mean(0)
                 total += float(per.sum())
+        return total / max(1, len(held))
+
+    def _signal(self, tgt: SampleStore, held: list[int], targets: list[str]) -> float:
+        """Mean square of the float targets on ``held``, the loss's scale (its SQNR's signal)."""
+        total = 0.0
+        for i in held:
+            sample = tgt[i]
+            m = None if self.masks is None else self.masks[i]["m"]
+            total += float(np.mean([mean_square(sample[k], m) for k in targets]))
         return total / max(1, len(held))
 
     def _check_batching(self, block: Block, fp: SampleStore) -> bool:
@@ -158,12 +182,13 @@ class Reconstruction:
         targets = obj.targets(block)
         train, held = self.split(len(q))
         before = self._loss(block, tgt, q, held, targets)
+        signal = self._signal(tgt, held, targets)
         saved_w = {w: exe.weight_values(w) for w in block.weights}
         saved_a = {a: exe.act_values(a) for a in acts}
         params = obj.prepare(exe, block, acts, s.lr)
         if not params:
             return BlockReport(index, block.inputs, block.outputs, len(block.weights), before, before, False,
-                               time.perf_counter() - start, trained=False, reason=block.reason)
+                               time.perf_counter() - start, trained=False, reason=block.reason, signal=signal)
         opt = torch.optim.Adam(params)
         norm = max(before, 1e-12)
         # LSQ's parameters are usable at any step: checked on the held-out samples every ``every``
@@ -181,7 +206,7 @@ class Reconstruction:
                 feeds = {k: torch.where(exe.drop_mask(v), fp_feeds[k], v) if v.is_floating_point()
                          else v for k, v in feeds.items()}
             out = self._run(block, feeds, targets, True, len(idx))
-            loss = _mse(out, target) / norm
+            loss = _mse(out, target, self._mask(idx)) / norm
             reg = obj.regularizer(exe, block, step, s.steps)
             if reg is not None:
                 loss = loss + reg
@@ -229,7 +254,7 @@ class Reconstruction:
                 exe.set_act_scale(a, exe.act_values(a))
         return BlockReport(index, block.inputs, block.outputs, len(block.weights), before,
                            after, rolled_back, time.perf_counter() - start,
-                           hard_rounding=obj.learned_rounding)
+                           hard_rounding=obj.learned_rounding, signal=signal)
 
     def advance(self, block: Block, q: SampleStore, q_next: SampleStore) -> None:
         """The next block's quantized inputs: this block's quantized output (with what it learned)
