@@ -17,6 +17,7 @@ import pulsar
 from pulsar.errors import PulsarError
 from pulsar.quant.finetune import resolve_device
 from pulsar.quant.finetune.blocks import make_blocks
+from pulsar.quant.finetune.guard import compared_tensor
 from pulsar.quant.finetune.store import SampleStore
 from tests.hostile.harness import Snapshot, assert_clean_failure, run_cli
 
@@ -51,16 +52,13 @@ g (float[1,8] x) => (float[1,4] p, float[1,4] q, float[1,4] r, float[1,4] f) {
 }""".replace("%(w)s", ",".join(["0.1"] * 32))
 
 
-def test_probabilities_are_compared_as_their_scores() -> None:
-    """A block's loss compares the scores behind a Softmax, written as one op or as jax2tf
-    decomposes it (exp(x - max) / sum), also behind shape-only ops, not the probabilities; other
-    outputs (a Sigmoid map) as they are."""
+def test_the_whole_model_check_compares_probabilities_as_their_scores() -> None:
+    """The whole-model check compares the scores behind a Softmax output, written as one op or as
+    jax2tf decomposes it (exp(x - max) / sum), also behind shape-only ops; other outputs (a Sigmoid
+    map) as they are."""
     model = onnx.parser.parse_model(_HEADS)
-    for i, n in enumerate(model.graph.node):
-        n.name = f"n{i}"
-    (block,) = make_blocks(model, {"w": "n1"}, 4)
-    assert block.outputs == ["p", "q", "r", "f"]
-    assert block.compared == ["logits", "logits", "r", "logits"]
+    producer = {o: n for n in model.graph.node for o in n.output}
+    assert [compared_tensor(o.name, producer) for o in model.graph.output] == ["logits", "logits", "r", "logits"]
 
 
 def test_blocks_never_cut_a_residual_branch() -> None:

@@ -70,6 +70,6 @@ class Objective:
 
 OBJECTIVES: dict[str, Objective] = {
     "adaround": Objective("AdaRound", lambda b: b.weighted_nodes, True),
-    "brecq": Objective("BRECQ", lambda b: b.compared or b.outputs, True),
-    "lsq": Objective("LSQ", lambda b: b.compared or b.outputs, False),
+    "brecq": Objective("BRECQ", lambda b: b.outputs, True),
+    "lsq": Objective("LSQ", lambda b: b.outputs, False),
 }

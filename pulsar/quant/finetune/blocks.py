@@ -22,7 +22,6 @@ class Block:
     weights: list[str] = field(default_factory=list)       # trainable weights read by the block
     weighted_nodes: list[str] = field(default_factory=list)  # output tensor of each weighted layer
     reason: str = ""                       # why the block cannot train (no gradient reaches a weight)
-    compared: list[str] = field(default_factory=list)  # what BRECQ / LSQ compare: the outputs, scores for probabilities
 
 
 def _cuts(model: onnx.ModelProto) -> tuple[list[int], list[set[str]]]:
@@ -46,33 +45,6 @@ def _cuts(model: onnx.ModelProto) -> tuple[list[int], list[set[str]]]:
         if len(live) == 1 and i < end - 1:
             cuts.append(i)
     return cuts, lives
-
-
-_SHAPE_ONLY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
-
-
-def compared_tensor(o: str, producer: dict[str, onnx.NodeProto]) -> str:
-    """What a loss compares in place of the tensor ``o``: the scores that a Softmax (or its exported
-    decomposition, exp(x - max) / sum, as jax2tf writes it) turns into probabilities, also when
-    shape-only ops (the frontend's Flatten / Reshape around a Softmax on an inner axis) follow it;
-    else ``o``. The probabilities squash the differences between the classes that decide the top
-    one, and their mean square rewards confidence more than the choice: on Magika (one block)
-    BRECQ lowered the probabilities' held-out error from 20.6 to 22.2 dB SQNR while the top-1
-    agreement with float fell from 0.970 to 0.940 on 100 files; on the PP-OCRv4 recognizer LSQ
-    raised the exact-match rate from 0.99 to 1.00 while its per-step probabilities' error grew."""
-    n = producer.get(o)
-    while n is not None and n.op_type in _SHAPE_ONLY:
-        n = producer.get(n.input[0])
-    if n is None:
-        return o
-    if n.op_type in ("Softmax", "LogSoftmax"):
-        return str(n.input[0])
-    if n.op_type == "Div":
-        e = producer.get(n.input[0])
-        if e is not None and e.op_type == "Exp":
-            sub = producer.get(e.input[0])
-            return str(sub.input[0] if sub is not None and sub.op_type == "Sub" else e.input[0])
-    return o
 
 
 def make_blocks(model: onnx.ModelProto, weights: dict[str, str], size: int) -> list[Block]:
@@ -111,8 +83,6 @@ def make_blocks(model: onnx.ModelProto, weights: dict[str, str], size: int) -> l
         outputs = sorted(lives[last]) if last < len(g.node) - 1 else [o.name for o in g.output]
         ws = [by_node[g.node[i].name] for i in nodes if g.node[i].name in by_node]
         wnodes = [g.node[i].output[0] for i in nodes if g.node[i].name in by_node]
-        producer = {o: g.node[i] for i in nodes for o in g.node[i].output}
-        compared = [compared_tensor(o, producer) for o in outputs]
-        blocks.append(Block(nodes, inputs, outputs, ws, wnodes, compared=compared))
+        blocks.append(Block(nodes, inputs, outputs, ws, wnodes))
         inputs = outputs
     return blocks

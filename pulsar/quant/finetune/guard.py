@@ -6,9 +6,15 @@ layer amplifies it (a transformer's normalisations, a detector's decoding), so a
 block "improved" can end farther from float than the calibrated one (measured on all-MiniLM-L6-v2
 with LSQ: every block's held-out loss fell while the sentence embeddings' cosine to float fell from
 0.9994 to 0.9987). This check runs the whole quantized model, calibrated and fine-tuned, on the
-held-out samples and compares the outputs' error against the float model (the scores behind a
-Softmax output, as the block losses compare them), each output normalised by its own mean square so
-that outputs of different scales weigh alike.
+held-out samples and compares the outputs' error against the float model, each output normalised
+by its own mean square so that outputs of different scales weigh alike.
+
+Where an output is a Softmax's probabilities, the check compares the scores behind them, which decide
+the class: the probabilities' mean square rewards confidence more than the choice. Blocks still train
+on the probabilities (measured: trained on the scores, LSQ fell on Magika from +0.5 to -2.8 points
+of top-1 agreement on 217 files and on the PP-OCRv4 recognizer from 1.000 to 0.990 exact matches),
+but the probabilities can improve while the choice gets worse: BRECQ on Magika lowered their held-out
+error from 20.6 to 22.2 dB SQNR while the top-1 agreement with float fell from 0.972 to 0.959.
 """
 
 from __future__ import annotations
@@ -17,11 +23,33 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import torch
 
-from pulsar.quant.finetune.blocks import compared_tensor
 from pulsar.quant.finetune.loss_mask import mean_square
 from pulsar.quant.torch_exec import QuantExecutor
+
+_SHAPE_ONLY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
+
+
+def compared_tensor(o: str, producer: dict[str, onnx.NodeProto]) -> str:
+    """What the check compares in place of the model output ``o``: the scores that a Softmax (or its
+    exported decomposition, exp(x - max) / sum, as jax2tf writes it) turns into probabilities, also
+    when shape-only ops (the frontend's Flatten / Reshape around a Softmax on an inner axis) follow
+    it; else ``o``."""
+    n = producer.get(o)
+    while n is not None and n.op_type in _SHAPE_ONLY:
+        n = producer.get(n.input[0])
+    if n is None:
+        return o
+    if n.op_type in ("Softmax", "LogSoftmax"):
+        return str(n.input[0])
+    if n.op_type == "Div":
+        e = producer.get(n.input[0])
+        if e is not None and e.op_type == "Exp":
+            sub = producer.get(e.input[0])
+            return str(sub.input[0] if sub is not None and sub.op_type == "Sub" else e.input[0])
+    return o
 
 
 @dataclass
@@ -55,7 +83,6 @@ class WholeModelCheck:
         self.nodes = list(range(len(exe.nodes)))
         graph = exe.qg.model.graph
         producer = {o: n for n in graph.node for o in n.output}
-        # the scores behind a Softmax output, as the block losses compare them (blocks.compared_tensor)
         self.outputs = list(dict.fromkeys(compared_tensor(o.name, producer) for o in graph.output))
         self.samples = list(samples)
         self.masks: list[np.ndarray | None] = list(masks) if masks is not None else [None] * len(self.samples)
