@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import time
 from pathlib import Path
 
 from pulsar.errors import PulsarError
@@ -75,6 +76,9 @@ def _refuse_link(path: Path) -> None:
                           "directory and follows no link: remove the link or choose another --output_dir")
 
 
+DEAD_LOCK_WAIT_S = 5.0
+
+
 def clean_dead_trial(folder: Path) -> None:
     """Remove what a killed build left in ``folder``: its staging folders and its lock file, once the lock
     is free (a live holder keeps both)."""
@@ -83,11 +87,20 @@ def clean_dead_trial(folder: Path) -> None:
     if lock.exists() or lock.is_symlink():
         try:
             fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            if fd is not None:
-                os.close(fd)
             return
+        # the pool sees a killed worker die when its pipe closes, which the kernel may do a moment
+        # before it closes the worker's lock (seen on a loaded machine): wait briefly for the lock
+        deadline = time.monotonic() + DEAD_LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return
+                time.sleep(0.05)
     try:
         for staging in folder.glob(f"{STAGING_PREFIX}*"):
             shutil.rmtree(staging, ignore_errors=True)
