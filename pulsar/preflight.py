@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -26,6 +26,9 @@ from pulsar.quant.datasets import CalibrationData
 from pulsar.quant.finetune import finetune_enabled, resolve_device
 from pulsar.quant.samples import calibration_normalization, check_sample_dirs
 from pulsar.quant.stage import open_calibration
+
+if TYPE_CHECKING:
+    from pulsar.config.generated import BuildConfig
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +96,7 @@ def check_processors(ctx: BuildContext, model: onnx.ModelProto) -> None:
     check_input_memory(deployed, "input_processors", "fix the processor's padding / shapes")
 
 
-def check_extra_shapes(cfg: Any, model: onnx.ModelProto) -> None:
+def check_extra_shapes(cfg: BuildConfig, model: onnx.ModelProto) -> None:
     """Every ``src_extra_shapes`` group against the model: the input's rank, the same number of groups
     for every input, and memory for one sample (the compiler uses them long after the first write)."""
     from pulsar.frontend.graph import graph_input_names
@@ -131,7 +134,7 @@ def _itemsize(model: onnx.ModelProto, name: str) -> int:
     return 4
 
 
-def check_sample_paths(cfg: Any) -> None:
+def check_sample_paths(cfg: BuildConfig) -> None:
     """The sample directories exist (their files are read by quant.samples.check_sample_dirs)."""
     for field, value in (("quant.input_sample_dir", cfg.quant.input_sample_dir),
                          ("compiler.input_sample_dir", cfg.compiler.input_sample_dir)):

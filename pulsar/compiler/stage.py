@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -38,6 +38,9 @@ from pulsar.frontend.processors import attach_input_processors, attach_output_pr
 from pulsar.quant.samples import calibration_normalization
 from pulsar.ui import show, table
 
+if TYPE_CHECKING:
+    from pulsar.config.generated import CompilerConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -60,7 +63,7 @@ _PER_SUBGRAPH = ("lut_items_in_bits",)
 _RANGE_KEYS = ("start_tensor_names", "end_tensor_names", "sub_configs")
 
 
-def sub_ranges(compiler: Any) -> list[SubRange]:
+def sub_ranges(compiler: CompilerConfig) -> list[SubRange]:
     """compiler.sub_configs as lowering ranges; an option a sub-config leaves unset inherits the
     top-level compiler option (the schema does not fill sub-config defaults for that reason)."""
     top = {f.name: getattr(compiler, f.name) for f in dataclasses.fields(compiler) if f.name not in _RANGE_KEYS}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -39,6 +39,9 @@ from pulsar.errors import PulsarError
 from pulsar.frontend.graph import graph_input_names
 from pulsar.frontend.processors.chain import assign
 
+if TYPE_CHECKING:
+    from pulsar.config.generated import BuildConfig, CompilerConfig
+
 log = logging.getLogger(__name__)
 
 # lower(model) -> (deployed model, lowering); time(lowering) -> NPU subgraph name -> estimated ms
@@ -50,7 +53,7 @@ def _dims(vi: onnx.ValueInfoProto) -> list[int]:
     return [d.dim_value for d in vi.type.tensor_type.shape.dim]
 
 
-def shape_groups(cfg: Any, qmodel: onnx.ModelProto) -> list[dict[str, list[int]]]:
+def shape_groups(cfg: BuildConfig, qmodel: onnx.ModelProto) -> list[dict[str, list[int]]]:
     """Input name -> shape, per group (group 0: the quantized model's own shapes)."""
     names = graph_input_names(qmodel.graph)
     own = {vi.name: _dims(vi) for vi in qmodel.graph.input if vi.name in names}
@@ -85,7 +88,7 @@ class BatchRequest:
         return self.static.get(key, []), self.maximum.get(key, 0)
 
 
-def batch_request(compiler: Any, subs: list[SubRange]) -> BatchRequest:
+def batch_request(compiler: CompilerConfig, subs: list[SubRange]) -> BatchRequest:
     req = BatchRequest(None)
     entries: list[tuple[int | None, dict[str, Any], str]] = [
         (None, {"static_batch_sizes": compiler.static_batch_sizes,
@@ -261,7 +264,7 @@ def metadata_for(built: Variants, estimates: dict[Variant, dict[str, Any]]) -> d
     return meta
 
 
-def build_variants(cfg: Any, qmodel: onnx.ModelProto, probe: Lowered, lower: Lower, times: SubgraphTimes,
+def build_variants(cfg: BuildConfig, qmodel: onnx.ModelProto, probe: Lowered, lower: Lower, times: SubgraphTimes,
                    subs: list[SubRange]) -> Variants:
     """Lower every variant the config asks for (``probe``: group 0 at batch 1, already lowered)."""
     groups = shape_groups(cfg, qmodel)

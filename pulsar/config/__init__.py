@@ -7,7 +7,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pulsar.config.loader import read_config_file
 from pulsar.config.model import to_typed
@@ -16,6 +16,9 @@ from pulsar.config.sanity import check_paths, check_raw, check_shapes
 from pulsar.config.schema import default_config, fill_defaults, load_schema
 from pulsar.config.support import check_supported, switched_off
 from pulsar.config.validate import ConfigError, validate
+
+if TYPE_CHECKING:
+    from pulsar.config.generated import BuildConfig
 
 __all__ = ["ConfigError", "EffectiveConfig", "default_config", "load_build_config", "load_schema", "validate"]
 
@@ -28,7 +31,7 @@ class EffectiveConfig:
     ``warnings``: one line per field that was set but had no effect (reset to its default in ``data``)."""
 
     data: dict[str, Any]
-    cfg: Any
+    cfg: BuildConfig
     warnings: tuple[str, ...] = ()
 
     @property

@@ -1,67 +1,78 @@
-"""Typed, read-only config objects generated from the schema at import time.
+"""Typed, read-only config objects: the classes of :mod:`pulsar.config.generated`, filled from a dict.
 
 The pipeline reads ``cfg.quant.calibration_method`` instead of ``cfg["quant"]["calibration_method"]``;
-a misspelt attribute fails loudly. The classes are built from the schema (one per object node,
-named after its ``$defs`` entry), so adding a field to the schema adds it here with no code change.
+a misspelt attribute fails loudly, at run time and under mypy. The classes are generated from the
+schema (``python -m pulsar.config.codegen``, see :mod:`pulsar.config.codegen`), one per object node,
+named after its ``$defs`` entry; ``to_typed`` walks their fields and annotations, so a field the
+schema gains needs only that command.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, get_args, get_origin, get_type_hints
 
-from pulsar.config.schema import def_name, is_object, item_schema, load_schema, resolve
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-_PY_TYPES: dict[str, Any] = {"boolean": bool, "integer": int, "number": float, "string": str, "array": list,
-                             "object": dict}
+    from pulsar.config.generated import BuildConfig
+
+    D = TypeVar("D", bound=DataclassInstance)
 
 
-def _key(node: dict[str, Any]) -> str:
-    return str(sorted(resolve(node).get("properties", {})))
+class _Shape(NamedTuple):
+    """How to build one field's value: ``obj``, the config class a dict becomes; ``item``, the config
+    class a list's dicts become (the list itself becomes a tuple)."""
+
+    obj: type[Any] | None
+    item: type[Any] | None
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    """The members of a union annotation (``X | None`` -> X, None), else the annotation alone."""
+    if get_origin(annotation) in (typing.Union, types.UnionType):
+        return get_args(annotation)
+    return (annotation,)
+
+
+def _config_class(annotation: Any) -> type[Any] | None:
+    return next((m for m in _members(annotation) if isinstance(m, type) and dataclasses.is_dataclass(m)), None)
 
 
 @cache
-def _class_for(name: str, key: str) -> type:
-    node = _NODES[key]
-    fields = []
-    for prop, sub in resolve(node).get("properties", {}).items():
-        t = resolve(sub).get("type", "string")
-        py = _PY_TYPES.get(t, Any) if isinstance(t, str) else Any
-        fields.append((prop, py | None, dataclasses.field(default=None)))
-    return dataclasses.make_dataclass(name, fields, frozen=True)
+def _shapes(cls: type[Any]) -> tuple[tuple[str, _Shape], ...]:
+    hints = get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        ann = hints[f.name]
+        item = next((c for m in _members(ann) if get_origin(m) is tuple for a in get_args(m)
+                     if (c := _config_class(a)) is not None), None)
+        out.append((f.name, _Shape(_config_class(ann), item)))
+    return tuple(out)
 
 
-_NODES: dict[str, dict[str, Any]] = {}
+def _build(cls: type[D], data: dict[str, Any]) -> D:
+    return cls(**{name: _value(data[name], shape) for name, shape in _shapes(cls) if name in data})
 
 
-def _typed(value: Any, node: dict[str, Any], name: str) -> Any:
-    node_r = resolve(node)
-    if is_object(node_r) and isinstance(value, dict):
-        key = _key(node_r)
-        _NODES[key] = node_r
-        cls = _class_for(name, key)
-        kwargs = {}
-        for prop, sub in node_r["properties"].items():
-            if prop in value:
-                kwargs[prop] = _typed(value[prop], sub, def_name(sub) or _camel(prop))
-        return cls(**kwargs)
-    item = item_schema(node_r)
-    if item is not None and isinstance(value, list):
-        iname = def_name(node_r.get("items", {})) or _camel(name)
-        return tuple(_typed(v, item, iname) for v in value)
+def _value(value: Any, shape: _Shape) -> Any:
+    if shape.obj is not None and isinstance(value, dict):
+        return _build(shape.obj, value)
     if isinstance(value, list):
-        return tuple(value)
+        item = _Shape(shape.item, None)
+        return tuple(_value(v, item) for v in value) if shape.item is not None else tuple(value)
     return value
 
 
-def _camel(name: str) -> str:
-    return "".join(p.capitalize() for p in name.split("_")) + "Config"
+def to_typed(config: dict[str, Any]) -> BuildConfig:
+    """Build the typed ``BuildConfig`` object from a validated, default-filled config dict: nested
+    objects become their config classes, lists tuples, fields the dict lacks None."""
+    from pulsar.config.generated import BuildConfig  # here, so that codegen runs even when it is broken
 
-
-def to_typed(config: dict[str, Any]) -> Any:
-    """Build the typed ``BuildConfig`` object from a validated, default-filled config dict."""
-    return _typed(config, load_schema(), "BuildConfig")
+    return _build(BuildConfig, config)
 
 
 def to_dict(obj: Any) -> Any:

@@ -6,12 +6,15 @@ Collected all at once (like schema errors) so a user fixes a config in one round
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from pulsar.config.validate import ConfigError
 from pulsar.errors import did_you_mean
+
+if TYPE_CHECKING:
+    from pulsar.config.generated import BuildConfig
 
 DEFAULT = "DEFAULT"
 
@@ -22,7 +25,7 @@ def _names_list(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-def check_against_model(cfg: Any, model: onnx.ModelProto, source: str = "config") -> None:
+def check_against_model(cfg: BuildConfig, model: onnx.ModelProto, source: str = "config") -> None:
     g = model.graph
     inits = {t.name for t in g.initializer}
     inputs = [i.name for i in g.input if i.name not in inits]
@@ -70,7 +73,7 @@ def check_against_model(cfg: Any, model: onnx.ModelProto, source: str = "config"
         raise ConfigError(problems, source)
 
 
-def check_layer_configs(cfg: Any, model: onnx.ModelProto, source: str = "config") -> None:
+def check_layer_configs(cfg: BuildConfig, model: onnx.ModelProto, source: str = "config") -> None:
     """quant.layer_configs name layers, op types and tensors of the OPTIMIZED graph (the one that is
     quantized: fusions rename and remove nodes), so they are checked after the frontend; an entry
     that matches nothing is an error."""

@@ -9,21 +9,24 @@ ONNX ops the compiler attaches) are put in front of and behind the float and QDQ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import onnx
 
 from pulsar.evaluation.sessions import CompiledSession, MetricSession, OrtSession
 
+if TYPE_CHECKING:
+    from pulsar.config.generated import BuildConfig
 
-def deployed_sessions(cfg: Any, model: onnx.ModelProto, float_path: Path, qdq_path: Path,
+
+def deployed_sessions(cfg: BuildConfig, model: onnx.ModelProto, float_path: Path, qdq_path: Path,
                       compiled_path: Path) -> dict[str, MetricSession]:
     """``float``, ``qdq`` and ``npu`` sessions that take the deployed inputs and give the deployed outputs."""
     return {"float": _onnx(cfg, model, float_path, qdq=False), "qdq": _onnx(cfg, model, qdq_path, qdq=True),
             "npu": CompiledSession(compiled_path)}
 
 
-def _onnx(cfg: Any, model: onnx.ModelProto, path: Path, *, qdq: bool) -> OrtSession:
+def _onnx(cfg: BuildConfig, model: onnx.ModelProto, path: Path, *, qdq: bool) -> OrtSession:
     if not cfg.input_processors and not cfg.output_processors:
         return OrtSession(path, qdq=qdq)
     from pulsar.frontend.processors import attach_input_processors, attach_output_processors

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -27,17 +27,20 @@ from pulsar.quant.stage import input_specs
 from pulsar.ui import show, table
 from pulsar.utils.atomic import atomic_write_text
 
+if TYPE_CHECKING:
+    from pulsar.config.generated import BuildConfig, EvaluationConfig
+
 log = logging.getLogger(__name__)
 MODELS = ("float", "qdq", "npu")  # the keys of evaluation.json, in the order they are scored
 
 
-def _configs(ev: Any) -> list[DatasetConfig]:
+def _configs(ev: EvaluationConfig) -> list[DatasetConfig]:
     return [DatasetConfig(ic.tensor_name, ic.calibration_dataset, ic.calibration_format, ic.calibration_size,
                           tuple(ic.calibration_mean or ()), tuple(ic.calibration_std or ()),
                           field_path=f"evaluation.input_configs[{i}]") for i, ic in enumerate(ev.input_configs)]
 
 
-def check_evaluation(cfg: Any, model: onnx.ModelProto) -> None:
+def check_evaluation(cfg: BuildConfig, model: onnx.ModelProto) -> None:
     """Every mistake in ``evaluation`` before anything is written: the metric, its data and labels."""
     ev = cfg.evaluation
     if not ev.metric:
@@ -84,7 +87,7 @@ def check_evaluation(cfg: Any, model: onnx.ModelProto) -> None:
         data.close()
 
 
-def run_evaluation(cfg: Any, model: onnx.ModelProto, float_path: Path, qdq_path: Path, compiled_path: Path,
+def run_evaluation(cfg: BuildConfig, model: onnx.ModelProto, float_path: Path, qdq_path: Path, compiled_path: Path,
                    out: Path, quiet: bool = False) -> dict[str, Any]:
     """Score the three models; writes ``out`` (evaluation.json) and returns what it holds."""
     ev = cfg.evaluation
@@ -106,7 +109,7 @@ def run_evaluation(cfg: Any, model: onnx.ModelProto, float_path: Path, qdq_path:
     return result
 
 
-def _builtin(cfg: Any, model: onnx.ModelProto, sessions: dict[str, MetricSession]) -> tuple[dict[str, float], int]:
+def _builtin(cfg: BuildConfig, model: onnx.ModelProto, sessions: dict[str, MetricSession]) -> tuple[dict[str, float], int]:
     ev = cfg.evaluation
     output = ev.output or model.graph.output[0].name
     accs = {k: BUILTINS[ev.metric]() for k in MODELS}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import onnx
@@ -28,6 +28,9 @@ from pulsar.core.tensor_io import read_inputs, tensor_file_stem
 from pulsar.core.tensors import TensorInfo, tensor_info
 from pulsar.errors import PulsarError
 from pulsar.frontend.processors import attach_input_processors
+
+if TYPE_CHECKING:
+    from pulsar.config.generated import BuildConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ class Samples(Protocol):
     def __iter__(self) -> Iterator[Feeds]: ...
 
 
-def calibration_normalization(cfg: Any, model: onnx.ModelProto) -> dict[str, tuple[list[float], list[float]]]:
+def calibration_normalization(cfg: BuildConfig, model: onnx.ModelProto) -> dict[str, tuple[list[float], list[float]]]:
     """input -> (calibration_mean, calibration_std): the defaults of input_processors' mean / std."""
     out = {}
     for vi in model.graph.input:
@@ -62,7 +65,7 @@ class InputConverter:
     """Deployed inputs -> the model's own inputs, through the config's input_processors (the same
     ONNX ops the compiler puts in front of the compiled model, run in onnxruntime)."""
 
-    def __init__(self, cfg: Any, model: onnx.ModelProto):
+    def __init__(self, cfg: BuildConfig, model: onnx.ModelProto):
         inputs = _model_inputs(model)
         self.model_infos = [tensor_info(vi) for vi in inputs]
         graph = helper.make_graph([helper.make_node("Identity", [vi.name], [f"{vi.name}__model_input"])
@@ -163,7 +166,7 @@ class SampleDir:
         return ""
 
 
-def open_sample_dir(field: str, root: str | Path, cfg: Any, model: onnx.ModelProto) -> SampleDir:
+def open_sample_dir(field: str, root: str | Path, cfg: BuildConfig, model: onnx.ModelProto) -> SampleDir:
     """Deployed-format samples converted to ``model``'s own inputs (the precision analysis' view)."""
     converter = InputConverter(cfg, model)
     return SampleDir(field, root, converter.deployed_infos, None if converter.identity else converter,
@@ -176,7 +179,7 @@ def deployed_sample_dir(field: str, root: str | Path, model: onnx.ModelProto,
     return SampleDir(field, root, infos, None, [tensor_info(vi) for vi in _model_inputs(model)])
 
 
-def check_sample_dirs(cfg: Any, model: onnx.ModelProto) -> None:
+def check_sample_dirs(cfg: BuildConfig, model: onnx.ModelProto) -> None:
     """Read every sample of both fields now, before calibration, so a bad file costs seconds rather than
     a whole build (the compiler check runs last). A field is read only when its feature is on."""
     q, c = cfg.quant, cfg.compiler

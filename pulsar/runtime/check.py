@@ -43,7 +43,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -55,6 +55,7 @@ from pulsar.compiler.lower.model import SubRange
 from pulsar.context import BuildContext
 from pulsar.core.container import CompiledModel, load_compiled, package
 from pulsar.core.tensor_io import random_inputs
+from pulsar.core.tensors import initializer_array
 from pulsar.core.variants import Variant, variants_of
 from pulsar.errors import PulsarError
 from pulsar.quant.analysis.metrics import Accumulator, slice_axes
@@ -62,6 +63,9 @@ from pulsar.quant.samples import deployed_sample_dir
 from pulsar.runtime.session import Session
 from pulsar.ui import plural, show, table
 from pulsar.utils.progress import progress_task
+
+if TYPE_CHECKING:
+    from pulsar.config.generated import CompilerOptions
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +115,7 @@ CODES = Grid(np.ones(1), np.zeros(1))  # an integer tensor whose grid is unknown
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    out = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    out = {t.name: initializer_array(t) for t in graph.initializer}
     for n in graph.node:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
             out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
@@ -152,7 +156,7 @@ def _at(a: np.ndarray, flat: int) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(flat, a.shape)) if a.ndim else ()
 
 
-def _all_close(got: np.ndarray, want: np.ndarray, grid: Grid | None, c: Any) -> str | None:
+def _all_close(got: np.ndarray, want: np.ndarray, grid: Grid | None, c: CompilerOptions) -> str | None:
     """None, or why check 1 fails: the worst element, its distance and the allowed one."""
     if grid is None:
         g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
@@ -177,7 +181,7 @@ def _all_close(got: np.ndarray, want: np.ndarray, grid: Grid | None, c: Any) -> 
             f"allowed {allowed.flat[k]:.4g} ({grid.describe()})")
 
 
-def _cosine_ok(got: np.ndarray, want: np.ndarray, grid: Grid | None, c: Any) -> str | None:
+def _cosine_ok(got: np.ndarray, want: np.ndarray, grid: Grid | None, c: CompilerOptions) -> str | None:
     """None, or why check 3 fails: the cosine (of dequantized values for an integer tensor) and the threshold."""
     if grid is None:
         value = cosine(got, want)
@@ -194,7 +198,7 @@ def _cosine_ok(got: np.ndarray, want: np.ndarray, grid: Grid | None, c: Any) -> 
             f"codes differ, by up to {int(codes.max())} steps)")
 
 
-def _slice_cosine_ok(got: np.ndarray, want: np.ndarray, codes: np.ndarray, c: Any) -> str | None:
+def _slice_cosine_ok(got: np.ndarray, want: np.ndarray, codes: np.ndarray, c: CompilerOptions) -> str | None:
     """None, or why a slice (channel / last-axis index) of an integer tensor fails check 3 although the
     whole tensor passes: its cosine is below the threshold and its codes differ by more than one step."""
     if not slice_axes(tuple(got.shape)):
@@ -212,7 +216,7 @@ def _slice_cosine_ok(got: np.ndarray, want: np.ndarray, codes: np.ndarray, c: An
     return None
 
 
-def verdict(check: int, got: np.ndarray, want: np.ndarray, grids: dict[str, Grid], name: str, c: Any) -> str | None:
+def verdict(check: int, got: np.ndarray, want: np.ndarray, grids: dict[str, Grid], name: str, c: CompilerOptions) -> str | None:
     """None when ``got`` passes ``compiler.check`` ``check`` against ``want``, else a one-line reason naming the
     measured value and the threshold. An integer tensor is compared on its grid (``grids``; in codes when
     its grid is unknown)."""
@@ -270,7 +274,7 @@ def _describe(got: np.ndarray, want: np.ndarray) -> str:
            f"{int(np.count_nonzero(diff))} of {diff.size} elements differ"
 
 
-def compare(sim: Session, ref: Session, samples: list[dict[str, np.ndarray]], c: Any,
+def compare(sim: Session, ref: Session, samples: list[dict[str, np.ndarray]], c: CompilerOptions,
             ref_name: str, progress: Callable[[int], None] | None = None) -> tuple[list[tuple[int, str, str]], int]:
     """Compare ``sim`` with ``ref`` per ``c.check`` / ``c.check_mode``; raise on the first failure.
     Returns table rows (one per output and sample) and the number of tensor comparisons;

@@ -40,7 +40,7 @@ def _workers(requested: int | None, n: int) -> int:
     return max(1, min(requested or cores, cores, by_memory, n))
 
 
-def _metric_of(config: Any, input: str | Path, out: Path, metric: str | None) -> str:
+def _metric_of(config: str | Path | dict[str, Any] | None, input: str | Path, out: Path, metric: str | None) -> str:
     from pulsar.config import load_build_config
 
     base = load_build_config(config, {"input": str(input), "output_dir": str(out)}).cfg
@@ -54,7 +54,7 @@ def _metric_of(config: Any, input: str | Path, out: Path, metric: str | None) ->
     return str(name)
 
 
-def _preflight(config: Any, settings: list[dict[str, Any]], fixed: dict[str, Any], out: Path,
+def _preflight(config: str | Path | dict[str, Any] | None, settings: list[dict[str, Any]], fixed: dict[str, Any], out: Path,
                metric_flag: bool) -> list[Any]:
     """Each trial through the checks a build makes before it writes; returns their effective configs.
     A mistake every trial shares is reported plainly, one of a trial's own settings with the trial."""

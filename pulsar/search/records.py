@@ -13,7 +13,10 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pulsar.config import EffectiveConfig
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +32,7 @@ def _stamp(path: str | Path) -> list[int] | None:
     return [st.st_size, st.st_mtime_ns]
 
 
-def fingerprint(eff: Any, metric: str, input: Path) -> str:
+def fingerprint(eff: EffectiveConfig, metric: str, input: Path) -> str:
     """What a finished trial's result depends on besides its settings: the effective config, the
     metric (and its plugin file), the model file, a target profile file and constant data files.
     Any change rebuilds the trial on resume."""
@@ -39,7 +42,7 @@ def fingerprint(eff: Any, metric: str, input: Path) -> str:
     parts = {"config": eff.hash, "metric": metric, "input": _stamp(input),
              "plugin": _stamp(target) if sep and target.endswith(".py") else None,
              "profile": _stamp(profile) if profile.suffix.lower() in (".yaml", ".yml", ".json") else None,
-             "consts": [_stamp(c.data_path) for c in cfg.const_processors or () if getattr(c, "data_path", None)]}
+             "consts": [_stamp(c.data_path) for c in cfg.const_processors or () if c.data_path]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -38,6 +38,9 @@ from pulsar.utils.atomic import atomic_write_bytes
 from pulsar.utils.progress import progress_task
 from pulsar.utils.scratch import scratch_dir
 
+if TYPE_CHECKING:
+    from pulsar.config.generated import QuantConfig
+
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 2
@@ -49,11 +52,11 @@ CACHE_VERSION = 2
 QDROP = {"brecq": 0.5}
 
 
-def finetune_enabled(q: Any) -> bool:
+def finetune_enabled(q: QuantConfig) -> bool:
     return bool(q.enable_adaround or q.enable_brecq or q.enable_lsq)
 
 
-def algorithm(q: Any) -> str:
+def algorithm(q: QuantConfig) -> str:
     return "lsq" if q.enable_lsq else "brecq" if q.enable_brecq else "adaround"
 
 
@@ -126,11 +129,11 @@ def _block_line(r: BlockReport, n: int) -> str:
             f"{r.seconds:.1f} s")
 
 
-def _option(q: Any) -> str:
+def _option(q: QuantConfig) -> str:
     return "quant.enable_lsq" if q.enable_lsq else "quant.enable_brecq" if q.enable_brecq else "quant.enable_adaround"
 
 
-def trainable_blocks(model: onnx.ModelProto, weights: dict[str, str], q: Any) -> tuple[list[Block], list[str]]:
+def trainable_blocks(model: onnx.ModelProto, weights: dict[str, str], q: QuantConfig) -> tuple[list[Block], list[str]]:
     """The blocks with every weight a gradient reaches (``Block.weights`` cut to those), and one line
     per block that cannot train or trains only some of its weights."""
     blocks = make_blocks(model, weights, q.finetune_block_size)
@@ -151,7 +154,7 @@ def trainable_blocks(model: onnx.ModelProto, weights: dict[str, str], q: Any) ->
     return blocks, notes
 
 
-def check_finetune(model: onnx.ModelProto, q: Any) -> None:
+def check_finetune(model: onnx.ModelProto, q: QuantConfig) -> None:
     """Before calibration: fine-tuning can train at least one block of the (optimized) model; the
     blocks that cannot train are logged and will stay calibrated."""
     if not finetune_enabled(q):
