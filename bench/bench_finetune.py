@@ -556,6 +556,17 @@ def _overrides(algo: str, args: argparse.Namespace, extra: dict | None = None) -
             "quant.finetune_block_size": args.block_size, "quant.device": args.device, **(extra or {})}
 
 
+def with_weights(config: dict, dtype: str | None) -> dict:
+    """``config`` with every weight at ``dtype`` (None: unchanged): a weights-only entry (no data_type)
+    for the whole model, so every activation keeps the precision of the default build."""
+    if not dtype:
+        return config
+    quant = dict(config.get("quant", {}))
+    entry = {"start_tensor_names": "DEFAULT", "end_tensor_names": "DEFAULT", "weight_data_type": dtype}
+    quant["layer_configs"] = [*quant.get("layer_configs", []), entry]
+    return {**config, "quant": quant}
+
+
 def _add_note(row: Row, note: str) -> None:
     row.note = f"{row.note}; {note}".lstrip("; ")
 
@@ -571,7 +582,8 @@ def bench_target(t: Target, work: Path, args: argparse.Namespace) -> tuple[list[
         out_dir = work / t.key.replace(":", "_") / algo
         start = time.perf_counter()
         try:
-            res = pulsar.build(input=str(t.float_model), output_dir=str(out_dir), config=t.config,
+            res = pulsar.build(input=str(t.float_model), output_dir=str(out_dir),
+                               config=with_weights(t.config, args.weights),
                                overrides=_overrides(algo, args, t.finetune), quiet=True)
         except Exception as exc:  # one failing build must not hide the others' figures
             rows.append(Row(t.key, algo, note=f"build failed: {first_line(exc)}"))
@@ -579,6 +591,7 @@ def bench_target(t: Target, work: Path, args: argparse.Namespace) -> tuple[list[
                 traceback.print_exc()
             continue
         row = Row(t.key, algo, time.perf_counter() - start)
+        _add_note(row, f"compiled {Path(res.compiled_model).stat().st_size / 1024:.0f} KiB")
         optimized = optimized or Path(res.optimized_model)
         if algo != "default":
             row.finetune = parse_build_log(Path(res.output_dir) / "build.log")
@@ -824,6 +837,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path,
                         help="make this run's fresh folder here and keep it (default: a temporary folder, removed)")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of failures")
+    parser.add_argument("--weights", choices=["S4", "U4", "S8", "S16"],
+                        help="weight_data_type of every weight (default: the config's, S8)")
     args = parser.parse_args(argv)
     try:
         args.models = resolve_models(args.models)

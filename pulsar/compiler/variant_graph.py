@@ -27,6 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from pulsar.compiler.lower.qdq_graph import inferable
+from pulsar.core.tensors import initializer_array
 from pulsar.errors import PulsarError
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class _Consts:
 
     def get(self, name: str) -> np.ndarray | None:
         t = self.by_name.get(name)
-        return None if t is None else numpy_helper.to_array(t)
+        return None if t is None else initializer_array(t)
 
     def replace(self, node: onnx.NodeProto, index: int, value: np.ndarray, tag: str) -> str:
         base = f"{node.input[index]}/{tag}"
@@ -181,7 +182,7 @@ def _check(model: onnx.ModelProto, what: str, hint: str) -> onnx.GraphProto:
                           f"{hint}") from None
     g = inferred.graph
     shapes = {v.name: _dims(v) for v in [*g.input, *g.value_info, *g.output]}
-    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    inits = {t.name: initializer_array(t) for t in g.initializer}
     for node in g.node:
         if node.op_type != "Reshape" or node.input[1] not in inits or shapes.get(node.input[0]) is None:
             continue

@@ -38,6 +38,9 @@ class Workload:
 # --------------------------------------------------------------------------- tensor facts
 
 
+_PACKED = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+
+
 class Tensors:
     """Shapes, element types and weight-ness of a body's tensors; records what it could not know."""
 
@@ -80,10 +83,12 @@ class Tensors:
         return helper.tensor_dtype_to_np_dtype(elem).itemsize
 
     def nbytes(self, name: str) -> int:
+        if self.elem.get(name) in _PACKED:  # 4-bit weights: two per byte, in the file and in DDR
+            return (self.numel(name) + 1) // 2
         return self.numel(name) * self.itemsize(name)
 
     def bits(self, name: str) -> int:
-        return 8 * self.itemsize(name)
+        return 4 if self.elem.get(name) in _PACKED else 8 * self.itemsize(name)
 
     def activations(self, node: onnx.NodeProto) -> list[str]:
         return [i for i in node.input if i and i not in self.weights]

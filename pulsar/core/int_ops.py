@@ -31,6 +31,7 @@ _OPTIONAL = OpSchema.FormalParameterOption.Optional
 _NARROW = ("uint8", "int8", "uint16", "int16", "int32")  # activations, weights, intermediates
 _WIDE = (*_NARROW, "int64")                               # also a constant on an int64 grid (QAdd)
 _INT = ("int32", "int64")                                 # multipliers, shifts, biases, tables
+_WEIGHT = ("int4", "uint4", *_NARROW)                     # constant weights: 4-bit ones stored two per byte
 OUT_TYPES = {onnx.TensorProto.UINT8, onnx.TensorProto.INT8, onnx.TensorProto.UINT16, onnx.TensorProto.INT16,
              onnx.TensorProto.INT32}
 
@@ -47,14 +48,14 @@ _I, _IS = _ATTR.INT, _ATTR.INTS
 GRID = {"to": (_I, True), "out_zp": (_I, False), "out_min": (_I, False), "out_max": (_I, False)}
 _CONV = {"x_zp": (_I, False), "strides": (_IS, False), "pads": (_IS, False), "dilations": (_IS, False),
          "group": (_I, False)}
-_CONV_IN = (In("x", _NARROW), In("w", _NARROW), In("bias", _INT, True), In("M", _INT), In("N", _INT))
+_CONV_IN = (In("x", _NARROW), In("w", _WEIGHT), In("bias", _INT, True), In("M", _INT), In("N", _INT))
 
 # op type -> (inputs, own attributes, one-line summary)
 INT_OPS: dict[str, tuple[tuple[In, ...], dict[str, tuple[OpSchema.AttrType, bool]], str]] = {
     "QConv": (_CONV_IN, _CONV, "integer convolution, requantized per output channel"),
     "QConvTranspose": (_CONV_IN, {**_CONV, "output_padding": (_IS, False)},
                        "integer transposed convolution, requantized per output channel"),
-    "QMatMul": ((In("a", _NARROW), In("b", _NARROW), In("bias", _INT, True), In("M", _INT), In("N", _INT)),
+    "QMatMul": ((In("a", _NARROW), In("b", _WEIGHT), In("bias", _INT, True), In("M", _INT), In("N", _INT)),
                 {"a_zp": (_I, False), "b_zp": (_I, False), "trans_b": (_I, False)},
                 "integer matrix product, requantized per output column"),
     "QAdd": ((In("a", _NARROW), In("b", _WIDE)),

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import logging
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from pulsar.errors import PulsarError
-from pulsar.quant.scheme import TensorQuant
+from pulsar.quant.scheme import DTYPES, TensorQuant
 
 log = logging.getLogger(__name__)
 
 _DTYPE_NAMES = {np.dtype(np.uint8): "U8", np.dtype(np.int8): "S8", np.dtype(np.uint16): "U16",
-                np.dtype(np.int16): "S16", np.dtype(np.int32): "S32"}
+                np.dtype(np.int16): "S16", np.dtype(np.int32): "S32",
+                np.dtype(ml_dtypes.int4): "S4", np.dtype(ml_dtypes.uint4): "U4"}
 
 
 def _attr_axis(node: onnx.NodeProto) -> int:
@@ -27,16 +29,24 @@ def _attr_axis(node: onnx.NodeProto) -> int:
 
 
 def _params(node: onnx.NodeProto, inits: dict[str, np.ndarray], name: str, kind: str,
-            ndim: int | None) -> TensorQuant:
+            ndim: int | None, stored: np.dtype | None = None) -> TensorQuant:
+    """The grid of one DequantizeLinear; ``stored`` is the integer type of its input when that is a
+    constant (the type when the zero point is left out; uint8 for a QuantizeLinear's output)."""
+    block = next((int(a.i) for a in node.attribute if a.name == "block_size"), 0)
+    if block:
+        raise PulsarError(f"QuantONNX input: tensor {name!r} is quantized in blocks of {block} (block_size); "
+                          "pulsar imports per-tensor and per-channel grids only: export the model per channel")
     scale = inits.get(node.input[1])
     if scale is None:
         raise PulsarError(f"QuantONNX input: {node.op_type} {node.name!r} has a non-constant scale; "
                           "only constant scales and zero points can be imported")
-    zp = inits[node.input[2]] if len(node.input) > 2 and node.input[2] else np.zeros_like(scale, dtype=np.uint8)
+    zp = inits[node.input[2]] if len(node.input) > 2 and node.input[2] else \
+        np.zeros(scale.shape, dtype=stored if stored is not None else np.uint8)
     dtype = _DTYPE_NAMES.get(zp.dtype)
     if dtype is None:
         raise PulsarError(f"QuantONNX input: tensor {name!r} uses {zp.dtype}, which pulsar does not import "
-                          "(U8, S8, U16, S16, S32)")
+                          "(U4, S4, U8, S8, U16, S16, S32)")
+    zp = zp.astype(DTYPES[dtype][3])  # 4-bit zero points are computed in 8-bit arrays
     axis = None
     if scale.size > 1:
         axis = _attr_axis(node)
@@ -65,7 +75,7 @@ def strip_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, Tensor
         src = node.input[0]
         if src in inits:  # a constant (weight, bias): store it dequantized, keep its grid
             q = inits[src]
-            tq = _params(node, inits, node.output[0], "weight", q.ndim)
+            tq = _params(node, inits, node.output[0], "weight", q.ndim, q.dtype)
             shape = [1] * q.ndim
             if tq.axis is not None:
                 shape[tq.axis] = -1

@@ -69,7 +69,7 @@ def join_presets(model: onnx.ModelProto, stats: Mapping[str, TensorStats],
             continue
         ratio = j.output_width / j.input_width
         if BITS[prec.data_type] < 16 and j.levels(16) >= MIN_LEVELS:
-            out[j.node] = NodePrecision("U16", weight_data_type=prec.weight_data_type, why=(
+            out[j.node] = prec.widened("U16", (
                 f"join of unlike ranges: input '{j.narrowest}' spans {j.input_width:.4g}, the output "
                 f"{j.output_width:.4g} ({ratio:.0f}x); 16-bit so it keeps {j.levels(16):.0f} levels instead of "
                 f"{j.levels(BITS[prec.data_type]):.1f} (a layer_configs entry overrides it)"))

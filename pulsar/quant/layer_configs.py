@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from pulsar.errors import PulsarError
-from pulsar.quant.precision import HIGHEST_DTYPE, NodePrecision
+from pulsar.quant.precision import DEFAULT_DTYPE, HIGHEST_DTYPE, NodePrecision
 from pulsar.quant.transformer import transformer_presets
 from pulsar.ui import show, table
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from pulsar.config.generated import LayerConfig
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +84,7 @@ def _check_range(model: onnx.ModelProto, index: int, starts: list[str], ends: li
                           "end, or pick tensors downstream of the start)")
 
 
-def _selection(lc: Any, index: int, model: onnx.ModelProto) -> tuple[set[str], set[str], set[str], bool]:
+def _selection(lc: LayerConfig, index: int, model: onnx.ModelProto) -> tuple[set[str], set[str], set[str], bool]:
     named = set(_names(lc.layer_name) + _names(lc.layer_names))
     ops = set(_names(lc.op_type) + _names(lc.op_types))
     ranged: set[str] = set()
@@ -91,16 +97,21 @@ def _selection(lc: Any, index: int, model: onnx.ModelProto) -> tuple[set[str], s
     return named, ops, ranged, whole
 
 
-def resolve_layer_precision(layer_configs: Any, model: onnx.ModelProto, *, highest_mix_precision: bool = False,
+def resolve_layer_precision(layer_configs: Sequence[LayerConfig], model: onnx.ModelProto, *, highest_mix_precision: bool = False,
                             transformer_opt_level: int = 0) -> dict[str, NodePrecision]:
     """node name -> precision for every node (the default, or U16 with highest_mix_precision)."""
     default = NodePrecision(HIGHEST_DTYPE, weight_data_type="S16") if highest_mix_precision else NodePrecision()
     chosen: dict[str, tuple[int, NodePrecision, int]] = {
         name: (0, prec, -1) for name, prec in transformer_presets(model, transformer_opt_level, default).items()}
     overridden: dict[tuple[int, int], list[str]] = defaultdict(list)  # (winner, loser) -> layers
+    weights_only: list[tuple[int, Any]] = []
     for i, lc in enumerate(layer_configs):
+        if weights_only_entry(lc):
+            weights_only.append((i, lc))
+            continue
         named, ops, ranged, whole = _selection(lc, i, model)
-        prec = NodePrecision(lc.data_type, lc.output_data_type, lc.weight_data_type, explicit=True)
+        prec = NodePrecision(lc.data_type or DEFAULT_DTYPE, lc.output_data_type, lc.weight_data_type, explicit=True,
+                             weight_granularity=lc.weight_granularity)
         for n in model.graph.node:
             rank = 4 if n.name in named else 3 if n.op_type in ops else (1 if whole else 2) if n.name in ranged else -1
             if rank < 0:
@@ -122,10 +133,47 @@ def resolve_layer_precision(layer_configs: Any, model: onnx.ModelProto, *, highe
                  "op type, which beats a subgraph range, which beats the whole model", win,
                  _kind_of(layer_configs[win]), lose, len(layers), ", ".join(layers[:5]) + (" ..." if len(layers) > 5
                                                                                       else ""))
-    return {n.name: chosen.get(n.name, (0, default, -1))[1] for n in model.graph.node}
+    out = {n.name: chosen.get(n.name, (0, default, -1))[1] for n in model.graph.node}
+    _apply_weights_only(weights_only, model, out, {n: r for n, (r, _p, k) in chosen.items() if k >= 0})
+    return out
 
 
-def _kind_of(lc: Any) -> str:
+def weights_only_entry(lc: LayerConfig) -> bool:
+    """An entry that sets the weights and leaves ``data_type`` out: the layers keep the activation
+    precision chosen for them otherwise (U8, a preset's, another entry's)."""
+    return lc.data_type is None and lc.output_data_type is None and (
+        lc.weight_data_type is not None or lc.weight_granularity is not None)
+
+
+def _apply_weights_only(entries: list[tuple[int, LayerConfig]], model: onnx.ModelProto, out: dict[str, NodePrecision],
+                        ranks: dict[str, int]) -> None:
+    """Weight settings of weights-only entries, by the same priority as the others (a layer name beats
+    an op type ...); an entry with a data_type that sets the weights too wins at a higher rank."""
+    chosen: dict[str, tuple[int, tuple[str | None, str | None], int]] = {}
+    for i, lc in entries:
+        named, ops, ranged, whole = _selection(lc, i, model)
+        value = (lc.weight_data_type, lc.weight_granularity)
+        for n in model.graph.node:
+            rank = 4 if n.name in named else 3 if n.op_type in ops else (1 if whole else 2) if n.name in ranged else -1
+            if rank < 0:
+                continue
+            old = chosen.get(n.name)
+            if old is not None and old[0] == rank and old[1] != value:
+                raise PulsarError(
+                    f"quant.layer_configs[{i}]: layer '{n.name}' ({n.op_type}) is also selected by "
+                    f"quant.layer_configs[{old[2]}] with different weights, both by {_KIND[rank]}; give each "
+                    "layer one weight precision (remove it from one of the entries)")
+            if old is None or rank >= old[0]:
+                chosen[n.name] = (rank, value, i)
+    for name, (rank, (dtype, granularity), _i) in chosen.items():
+        prec = out[name]
+        if (prec.weight_data_type is not None or prec.weight_granularity is not None) and ranks.get(name, 0) > rank:
+            continue  # a more specific entry with a data_type chose this layer's weights
+        out[name] = replace(prec, weight_data_type=dtype or prec.weight_data_type,
+                            weight_granularity=granularity or prec.weight_granularity)
+
+
+def _kind_of(lc: LayerConfig) -> str:
     if lc.layer_name is not None or lc.layer_names is not None:
         return "layer name"
     if lc.op_type is not None or lc.op_types is not None:
@@ -133,7 +181,7 @@ def _kind_of(lc: Any) -> str:
     return "subgraph range"
 
 
-def show_layer_config_table(layer_configs: Any, quiet: bool) -> None:
+def show_layer_config_table(layer_configs: Sequence[LayerConfig], quiet: bool) -> None:
     if not layer_configs:
         return
     rows = []
@@ -143,5 +191,7 @@ def show_layer_config_table(layer_configs: Any, quiet: bool) -> None:
             sel = f"{_names(lc.start_tensor_names)} -> {_names(lc.end_tensor_names)}"
         extra = [f"out {lc.output_data_type}"] if lc.output_data_type else []
         extra += [f"weights {lc.weight_data_type}"] if lc.weight_data_type else []
-        rows.append((sel, lc.data_type + (f" ({', '.join(extra)})" if extra else "")))
+        extra += ["weights per tensor"] if lc.weight_granularity == "per_tensor" else []
+        base = "weights only" if weights_only_entry(lc) else lc.data_type or DEFAULT_DTYPE
+        rows.append((sel, base + (f" ({', '.join(extra)})" if extra else "")))
     show(table("Layer Config Table", ["Op Type / Layer name / Subgraph", "Precision"], rows), quiet=quiet)

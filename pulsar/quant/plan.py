@@ -28,6 +28,7 @@ class WeightUse:
     tensor: str
     axis: int
     dtype: str = "S8"
+    per_tensor: bool = False   # one scale for the tensor (layer_configs weight_granularity per_tensor)
 
 
 @dataclass
@@ -166,7 +167,8 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
                 if i in rule.weights:
                     if name not in weight_names and prec.weights != "FP32":
                         axis = rule.weights[i](node, len(inits[name].dims))
-                        plan.weights.append(WeightUse(node.name, i, name, axis, prec.weights))
+                        plan.weights.append(WeightUse(node.name, i, name, axis, prec.weights,
+                                                      prec.per_tensor_weights))
                         weight_names.add(name)
                 elif i == rule.bias:
                     act, w = node.input[rule.bias_of[0]], node.input[rule.bias_of[1]]

@@ -15,6 +15,7 @@ class NodePrecision:
     weight_data_type: str | None = None       # None: S8
     explicit: bool = False                    # chosen by a layer_configs entry (moves manual ops)
     why: str | None = field(default=None, compare=False)  # a preset's reason, shown in the placement
+    weight_granularity: str | None = None     # None: per_channel; per_tensor: one weight scale
 
     @property
     def output(self) -> str:
@@ -23,3 +24,12 @@ class NodePrecision:
     @property
     def weights(self) -> str:
         return self.weight_data_type or "S8"
+
+    @property
+    def per_tensor_weights(self) -> bool:
+        return self.weight_granularity == "per_tensor"
+
+    def widened(self, data_type: str, why: str) -> NodePrecision:
+        """This precision with wider activations (a preset's), its weight choices kept."""
+        return NodePrecision(data_type, weight_data_type=self.weight_data_type, why=why,
+                             weight_granularity=self.weight_granularity)

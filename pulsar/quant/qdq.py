@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -39,14 +40,27 @@ WIDE_DOMAIN = "com.microsoft"
 
 
 def _qdq_domain(tq: TensorQuant) -> str:
-    return WIDE_DOMAIN if BITS[tq.dtype] == 16 else ""
+    # 4-bit types enter the standard DequantizeLinear only at opset 21, like 16-bit ones
+    return WIDE_DOMAIN if BITS[tq.dtype] in (4, 16) else ""
+
+
+# 4-bit integers: computed in int8 / uint8 arrays, stored as onnx INT4 / UINT4 (two per byte)
+_PACKED = {"S4": ml_dtypes.int4, "U4": ml_dtypes.uint4}
+# the first IR version with INT4 / UINT4 tensors
+INT4_IR_VERSION = 10
+
+
+def stored(tq: TensorQuant, q: np.ndarray) -> np.ndarray:
+    """The integers ``q`` of ``tq``'s grid in the element type the QDQ model stores them in."""
+    packed = _PACKED.get(tq.dtype)
+    return np.asarray(q, dtype=tq.np_dtype).astype(packed) if packed is not None else np.asarray(q)
 
 
 def _qdq_nodes(g: onnx.GraphProto, src: str, dst: str, tq: TensorQuant, *, quantize: bool = True) -> None:
     """src (float) -> QuantizeLinear -> DequantizeLinear -> dst; weights skip the Q (already int)."""
     domain = _qdq_domain(tq)
     _init(g, f"{tq.name}/scale", np.asarray(tq.scale, dtype=np.float32))
-    _init(g, f"{tq.name}/zero_point", np.asarray(tq.zero_point, dtype=tq.np_dtype))
+    _init(g, f"{tq.name}/zero_point", stored(tq, np.asarray(tq.zero_point, dtype=tq.np_dtype)))
     axis = [helper.make_attribute("axis", tq.axis)] if tq.axis is not None else []
     q_out = f"{tq.name}/q"
     if quantize:
@@ -127,7 +141,7 @@ def quant_params(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tupl
             params[w.tensor] = fixed[w.tensor]
         else:
             arr = numpy_helper.to_array(inits[w.tensor])
-            params[w.tensor] = weight_quant(w.tensor, arr, w.axis, w.dtype,
+            params[w.tensor] = weight_quant(w.tensor, arr, None if w.per_tensor else w.axis, w.dtype,
                                             refine_threshold=refine_weight_threshold)[0]
     for name in plan.constants:
         if name in fixed:
@@ -166,7 +180,7 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, params: dict[str, Tensor
         tq = params[name]
         arr = numpy_helper.to_array(inits[name])
         g.initializer.remove(inits.pop(name))
-        _init(g, f"{name}/q", requantize(tq, arr))
+        _init(g, f"{name}/q", stored(tq, requantize(tq, arr)))
         _qdq_nodes(g, f"{name}/q", name, tq, quantize=False)
 
     for w in plan.weights:
@@ -195,6 +209,8 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, params: dict[str, Tensor
             n.output[k] = f"{name}/float"
             _qdq_nodes(g, f"{name}/float", name, tq)
     topological_sort(g)
+    if any(params[w.tensor].dtype in _PACKED for w in plan.weights if w.tensor in params):
+        qmodel.ir_version = max(qmodel.ir_version, INT4_IR_VERSION)
     if any(n.domain == WIDE_DOMAIN for n in g.node) and not any(o.domain == WIDE_DOMAIN for o in qmodel.opset_import):
         qmodel.opset_import.append(helper.make_opsetid(WIDE_DOMAIN, 1))
     return qmodel

@@ -2,7 +2,8 @@
 
 Conventions (stable, also written to quant_config.json):
   real = (q - zero_point) * scale, q clipped to [quant_min, quant_max].
-  Activations: U8 asymmetric per tensor. Weights: S8 symmetric per output channel.
+  Activations: U8 asymmetric per tensor. Weights: S8 symmetric per output channel (S4 / S16 the
+  same; U4 affine, a zero point per channel; per tensor on request).
   Biases: S32 with scale = input scale x weight scale (per channel), zero point 0.
 """
 
@@ -16,14 +17,17 @@ import numpy as np
 from pulsar.errors import PulsarError
 
 DTYPES: dict[str, tuple[int, int, bool, type]] = {
-    # name: (bits, quant_min, quant_max, signed, numpy dtype) without the redundant bits
+    # name: (quant_min, quant_max, signed, numpy dtype the integers are computed in); 4-bit values
+    # are held in 8-bit arrays and stored as onnx INT4 / UINT4 (two per byte) by the exports
+    "S4": (-8, 7, True, np.int8),
+    "U4": (0, 15, False, np.uint8),
     "U8": (0, 255, False, np.uint8),
     "S8": (-128, 127, True, np.int8),
     "U16": (0, 65535, False, np.uint16),
     "S16": (-32768, 32767, True, np.int16),
     "S32": (-(2**31), 2**31 - 1, True, np.int32),
 }
-BITS = {"U8": 8, "S8": 8, "U16": 16, "S16": 16, "S32": 32}
+BITS = {"S4": 4, "U4": 4, "U8": 8, "S8": 8, "U16": 16, "S16": 16, "S32": 32}
 
 MIN_SCALE = 1e-12
 
@@ -90,16 +94,21 @@ def activation_quant(name: str, lo: float, hi: float, dtype: str = "U8") -> Tens
     return TensorQuant(name, dtype, np.float32(scale), np.array(zp, dtype=DTYPES[dtype][3]), range=(lo, hi))
 
 
-def weight_quant(name: str, w: np.ndarray, axis: int, dtype: str = "S8",
+def weight_quant(name: str, w: np.ndarray, axis: int | None, dtype: str = "S8",
                  refine_threshold: float = 1e-6) -> tuple[TensorQuant, np.ndarray]:
-    """Symmetric per-channel weights; channels whose max |w| is below ``refine_threshold`` get
-    that threshold as their range so a near-zero channel does not get a degenerate scale.
+    """Weights on their grid: symmetric (S4 / S8 / S16) or affine (U4) per channel along ``axis``
+    (None: one scale for the tensor). Channels whose max |w| is below ``refine_threshold`` get that
+    threshold as their range so a near-zero channel does not get a degenerate scale.
+
+    4-bit grids have 16 levels, so the range is not the channel's max |w| but the clipping that
+    minimises the channel's squared rounding error (:func:`_mse_clip`): a single outlier would
+    otherwise leave most weights on three or four levels.
 
     The division and clipping run in float64: in float32 the S32 bound 2**31 - 1 rounds up to 2**31,
     so the largest value of every channel (mapped to quant_max) would overflow the int32 cast and
     wrap to -2**31, flipping its sign.
     """
-    qmin, qmax, _, np_dtype = DTYPES[dtype]
+    qmin, qmax, signed, np_dtype = DTYPES[dtype]
     w = np.asarray(w)
     bad = int(w.size - np.count_nonzero(np.isfinite(w)))
     if bad:
@@ -108,22 +117,64 @@ def weight_quant(name: str, w: np.ndarray, axis: int, dtype: str = "S8",
             "quantized; fix the model's weights, or keep its layer in float with a quant.layer_configs "
             'entry {"layer_name": ..., "data_type": "FP32"}'
         )
-    reduce_axes = tuple(i for i in range(w.ndim) if i != axis)
-    amax = np.abs(w).max(axis=reduce_axes).astype(np.float64) if w.size else np.zeros(w.shape[axis])
-    # An all-zero channel is exact on any grid; it takes the widest channel's range (1.0 when the
-    # whole tensor is zero) so its bias grid (input scale x weight scale) stays as coarse as its
-    # neighbours' instead of a 1e-12 step that no int32 bias could span.
-    amax = np.where(amax > 0, amax, amax.max(initial=0.0) or 1.0)
+    w64 = w.astype(np.float64)
+    rows = (np.moveaxis(w64, axis, 0).reshape(w.shape[axis], -1) if axis is not None else w64.reshape(1, -1))
     floor = refine_threshold if refine_threshold > 0 else 0.0
-    amax = np.maximum(amax, floor)
-    scale = np.maximum(amax / qmax, MIN_SCALE).astype(np.float32)
+    if signed:
+        lo, hi = -np.abs(rows).max(axis=1, initial=0.0), np.abs(rows).max(axis=1, initial=0.0)
+        # An all-zero channel is exact on any grid; it takes the widest channel's range (1.0 when the
+        # whole tensor is zero) so its bias grid (input scale x weight scale) stays as coarse as its
+        # neighbours' instead of a 1e-12 step that no int32 bias could span.
+        hi = np.where(hi > 0, hi, hi.max(initial=0.0) or 1.0)
+        hi = np.maximum(hi, floor)
+        lo = -hi
+    else:
+        lo, hi = np.minimum(rows.min(axis=1, initial=0.0), 0.0), np.maximum(rows.max(axis=1, initial=0.0), 0.0)
+        flat = (hi - lo) <= floor
+        lo, hi = np.where(flat, -floor, lo), np.where(flat, floor, hi)
+    if BITS[dtype] <= 4 and rows.size:
+        lo, hi = _mse_clip(rows, lo, hi, qmin, qmax, signed)
+    if signed:
+        scale = np.maximum(hi / qmax, MIN_SCALE).astype(np.float32)
+        zp = np.zeros_like(scale, dtype=np_dtype)
+    else:
+        scale = np.maximum((hi - lo) / (qmax - qmin), MIN_SCALE).astype(np.float32)
+        zp = np.clip(np.round(qmin - lo / scale.astype(np.float64)), qmin, qmax).astype(np_dtype)
     shape = [1] * w.ndim
-    shape[axis] = -1
-    ratio = w.astype(np.float64) / scale.astype(np.float64).reshape(shape)
-    q = np.clip(np.round(ratio), qmin, qmax).astype(np_dtype)
-    tq = TensorQuant(name, dtype, scale, np.zeros_like(scale, dtype=np_dtype), axis=axis, symmetric=True,
-                     kind="weight")
+    if axis is not None:
+        shape[axis] = -1
+    else:
+        scale, zp = scale.reshape(()), zp.reshape(())
+    ratio = w64 / scale.astype(np.float64).reshape(shape if axis is not None else ())
+    offset = zp.astype(np.float64).reshape(shape if axis is not None else ())
+    q = np.clip(np.round(ratio) + offset, qmin, qmax).astype(np_dtype)
+    tq = TensorQuant(name, dtype, scale, zp, axis=axis, symmetric=signed, kind="weight")
     return tq, q
+
+
+CLIP_RATIOS = np.linspace(0.3, 1.0, 36)
+
+
+def _mse_clip(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, qmin: int, qmax: int,
+              signed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the range ``ratio * (lo, hi)`` (ratio in :data:`CLIP_RATIOS`) whose grid gives the
+    smallest squared error on the row's own values."""
+    best = np.full(rows.shape[0], np.inf)
+    out_lo, out_hi = lo.copy(), hi.copy()
+    for r in CLIP_RATIOS:
+        c_lo, c_hi = lo * r, hi * r
+        if signed:
+            scale = np.maximum(c_hi / qmax, MIN_SCALE)
+            zp = np.zeros_like(scale)
+        else:
+            scale = np.maximum((c_hi - c_lo) / (qmax - qmin), MIN_SCALE)
+            zp = np.clip(np.round(qmin - c_lo / scale), qmin, qmax)
+        q = np.clip(np.round(rows / scale[:, None]) + zp[:, None], qmin, qmax)
+        err = (((q - zp[:, None]) * scale[:, None] - rows) ** 2).sum(axis=1)
+        better = err < best
+        best = np.where(better, err, best)
+        out_lo, out_hi = np.where(better, c_lo, out_lo), np.where(better, c_hi, out_hi)
+    return out_lo, out_hi
 
 
 def bias_axis(shape: tuple[int, ...], channels: int) -> int | None:

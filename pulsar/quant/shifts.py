@@ -100,7 +100,7 @@ def shift_presets(model: onnx.ModelProto, stats: Mapping[str, TensorStats],
         big, small = _span(stats.get(values)), _span(stats.get(output))
         prec = precision[node]
         if big > SHIFT_RATIO * max(small, 1e-12) and not prec.explicit and prec.data_type in ("U8", "S8"):
-            out[node] = NodePrecision("U16", weight_data_type=prec.weight_data_type, why=(
+            out[node] = prec.widened("U16", (
                 f"attention P x V whose values span {big:.4g} while the weighted sums span {small:.4g} (the large "
                 "values are masked out): 16-bit so the values that count keep their precision"))
     return out

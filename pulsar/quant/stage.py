@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -45,15 +45,18 @@ from pulsar.ui import show, table
 from pulsar.utils.atomic import atomic_write_bytes, atomic_write_text
 from pulsar.utils.progress import counted, progress_task, progress_tasks
 
+if TYPE_CHECKING:
+    from pulsar.config.generated import BuildConfig, InputProcessor, QuantConfig
+
 log = logging.getLogger(__name__)
 
-def _processor_for(cfg: Any, name: str) -> Any:
+def _processor_for(cfg: BuildConfig, name: str) -> InputProcessor | None:
     match = [p for p in cfg.input_processors if p.tensor_name == name]
     match = match or [p for p in cfg.input_processors if p.tensor_name == "DEFAULT"]
     return match[0] if match else None
 
 
-def input_specs(cfg: Any, model: onnx.ModelProto) -> list[InputSpec]:
+def input_specs(cfg: BuildConfig, model: onnx.ModelProto) -> list[InputSpec]:
     """What each model input expects, including the color format / layout Image data is turned into."""
     inits = {t.name for t in model.graph.initializer}
     specs = []
@@ -219,7 +222,7 @@ def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: di
     ctx.artifacts["precision analysis graph (mermaid)"] = mpath
 
 
-def activation_ranges(stats: dict[str, Any], plan: QuantPlan, q: Any,
+def activation_ranges(stats: dict[str, Any], plan: QuantPlan, q: QuantConfig,
                       model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
     """Ranges per activation, chosen for the grid its dtype gives (8 / 16 bits, signed ones symmetric)
     by ``q.calibration_method``, then refined (unless ``q.disable_auto_refine_scale``)."""
@@ -273,12 +276,12 @@ def show_placement(ctx: BuildContext, plan: QuantPlan) -> None:
         show(table("Ops on the CPU", ["op type", "count", "why / how to move it"], rows), quiet=ctx.quiet)
 
 
-def plan_kw(q: Any) -> dict[str, Any]:
+def plan_kw(q: QuantConfig) -> dict[str, Any]:
     return {"optimize": not q.disable_quant_optimization, "ln_scale_dtype": q.ln_scale_data_type}
 
 
 def planned(model: onnx.ModelProto, precision: dict[str, NodePrecision], stats: dict[str, Any],
-            q: Any) -> QuantPlan:
+            q: QuantConfig) -> QuantPlan:
     """The plan of ``precision``, heavy-tailed 8-bit tensors raised to 16 bits (:mod:`bulk_range`);
     the outputs of nodes a layer_configs entry chose keep what it says."""
     plan = make_plan(model, precision, **plan_kw(q))

@@ -106,7 +106,7 @@ def transformer_presets(model: onnx.ModelProto, level: int,
         for name in (m.node, *m.branch):
             out[name] = NodePrecision("FP32", why=MASK_REASON)
     if default.data_type in ("U8", "S8"):
-        stream = NodePrecision("U16", weight_data_type=default.weight_data_type, why=STREAM_REASON)
+        stream = default.widened("U16", STREAM_REASON)
         for name in transformer_stream(model):
             out.setdefault(name, stream)
     if level <= 0:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
+from pulsar.core.tensors import initializer_array
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.runtime.kernels import DOMAINS, INT_DOMAIN, KERNELS, Kernel, supported_ops
 
@@ -84,7 +85,7 @@ class NpuProgram:
     def __init__(self, graph: onnx.GraphProto, constants: Mapping[str, np.ndarray] | None = None) -> None:
         self.name = graph.name or "body"
         self.consts: dict[str, np.ndarray] = dict(constants or {})
-        self.consts.update({init.name: numpy_helper.to_array(init) for init in graph.initializer})
+        self.consts.update({init.name: initializer_array(init) for init in graph.initializer})
         expect = {v.name: _Expect.of(v) for v in (*graph.input, *graph.value_info, *graph.output)}
         self.inputs = [v.name for v in graph.input if v.name not in self.consts]
         self.outputs = [v.name for v in graph.output]

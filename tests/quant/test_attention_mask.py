@@ -179,7 +179,7 @@ def test_layer_configs_name_beats_the_mask_preset() -> None:
     class Entry:  # the fields resolve_layer_precision reads
         layer_name, layer_names, op_type, op_types = "add_mask", None, None, None
         start_tensor_names = end_tensor_names = None
-        data_type, output_data_type, weight_data_type = "U16", None, None
+        data_type, output_data_type, weight_data_type, weight_granularity = "U16", None, None, None
 
     prec = resolve_layer_precision([Entry()], model)
     assert prec["add_mask"].data_type == "U16" and prec["scale"].data_type == "FP32"

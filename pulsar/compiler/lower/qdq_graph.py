@@ -14,13 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
+from pulsar.core.tensors import initializer_array
 from pulsar.frontend.graph import DEFAULT_DOMAINS, node_inputs
 from pulsar.frontend.shapes import infer_shapes
 
 QDQ_DOMAINS = (*DEFAULT_DOMAINS, "com.microsoft")
 INT_RANGES: dict[int, tuple[int, int]] = {
+    TensorProto.INT4: (-8, 7),
+    TensorProto.UINT4: (0, 15),
     TensorProto.UINT8: (0, 255),
     TensorProto.INT8: (-128, 127),
     TensorProto.UINT16: (0, 65535),
@@ -74,7 +77,8 @@ class QParams:
 
     @property
     def bits(self) -> int:
-        return 16 if self.elem_type in (TensorProto.UINT16, TensorProto.INT16) else 8
+        return {TensorProto.UINT16: 16, TensorProto.INT16: 16, TensorProto.INT4: 4, TensorProto.UINT4: 4}.get(
+            self.elem_type, 8)
 
     @property
     def max_centered(self) -> int:
@@ -205,7 +209,7 @@ class QdqGraph:
         if name not in self.inits:
             return None
         if name not in self._consts:
-            self._consts[name] = numpy_helper.to_array(self.inits[name])
+            self._consts[name] = initializer_array(self.inits[name])  # 4-bit weights as int8 / uint8
         return self._consts[name]
 
     def is_weight_dq(self, node: onnx.NodeProto) -> bool:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
+from onnx import TensorProto
 
+from pulsar.compiler.lower.qdq_graph import QParams
 from pulsar.compiler.lower.rules.base import INT64_LIMIT, LowerCtx, Operand, Unsupported
 from pulsar.core.padding import auto_pads
 
@@ -21,10 +24,11 @@ def symmetric_weight(ctx: LowerCtx, i: int, axis: int, what: str = "weight") -> 
         raise Unsupported(f"{ctx.op} {what} '{op.name}' is not quantized (float weights stay on the CPU)")
     if op.kind != "qconst" or op.q is None or op.value is None:
         raise Unsupported(f"{ctx.op} {what} '{op.name}' is not a quantized constant")
-    if op.value.dtype.type not in INT8_16:
-        raise Unsupported(f"{ctx.op} {what} '{op.name}' is {op.value.dtype}; the NPU takes int8 / int16 weights")
-    if np.any(op.q.zero_point != 0):
-        raise Unsupported(f"{ctx.op} {what} '{op.name}' is asymmetric (zero point != 0)")
+    if np.any(op.q.zero_point != 0) or op.q.elem_type == TensorProto.UINT4:
+        op = _centered(ctx, op, what)
+    if op.value is None or op.value.dtype.type not in INT8_16:
+        raise Unsupported(f"{ctx.op} {what} '{op.name}' is {op.q.elem_type if op.value is None else op.value.dtype}; "
+                          "the NPU takes int4 / int8 / int16 weights")
     size = op.value.shape[axis] if op.value.ndim else 1
     if op.q.per_tensor:
         return op, np.full(size, op.q.s)
@@ -33,6 +37,26 @@ def symmetric_weight(ctx: LowerCtx, i: int, axis: int, what: str = "weight") -> 
         raise Unsupported(f"{ctx.op} {what} '{op.name}' is quantized along axis {q_axis}, not its output-channel "
                           f"axis {axis}")
     return op, op.q.scale.astype(np.float64)
+
+
+def _centered(ctx: LowerCtx, op: Operand, what: str) -> Operand:
+    """An affine weight (U4, or any zero point != 0) as the symmetric integers q - zero_point, which
+    the kernels multiply directly: a private copy, INT4 (two per byte) when it fits, else int8."""
+    assert op.q is not None and op.value is not None
+    if op.q.bits > 8:
+        raise Unsupported(f"{ctx.op} {what} '{op.name}' is asymmetric 16-bit (zero point != 0)")
+    shape = [1] * op.value.ndim
+    if not op.q.per_tensor:
+        shape[op.q.axis if op.q.axis is not None else 1] = -1
+    centered = op.value.astype(np.int64) - op.q.zero_point.reshape(shape if not op.q.per_tensor else ())
+    lo, hi = int(centered.min(initial=0)), int(centered.max(initial=0))
+    narrow = lo >= -8 and hi <= 7
+    if not narrow and (lo < -128 or hi > 127):
+        raise Unsupported(f"{ctx.op} {what} '{op.name}': q - zero_point spans [{lo}, {hi}], beyond int8")
+    elem = TensorProto.INT4 if narrow else TensorProto.INT8
+    name = ctx.add_init("w_centered", centered.astype(ml_dtypes.int4 if narrow else np.int8))
+    q = QParams(name, op.q.scale, np.zeros_like(op.q.zero_point), elem, op.q.axis)
+    return Operand(name, "qconst", q, centered.astype(np.int8))
 
 
 def bias_on_grid(ctx: LowerCtx, i: int, grid: np.ndarray) -> tuple[str, np.ndarray]:
@@ -129,7 +153,7 @@ def weights_and_bias(ctx: LowerCtx, w_name: str, w: np.ndarray, axis: int, grid:
     bound = (w_sum * float(x_max) + bias_abs) * np.exp2(shift.astype(np.float64))
     shift -= np.ceil(np.log2(np.maximum(bound / PRECISE_BOUND, 1.0))).astype(np.int64)
     if not np.any(shift):
-        return ctx.use_init(w_name), grid, bias, w_sum * float(x_max) + bias_abs
+        return (w_name if w_name in ctx.inits else ctx.use_init(w_name)), grid, bias, w_sum * float(x_max) + bias_abs
     shape = [1] * w.ndim
     shape[axis] = -1
     factor = np.exp2(shift.astype(np.float64))
