@@ -31,14 +31,18 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from pulsar.core import opdefs
+
 LARGE_NEGATIVE = -1e4  # a mask constant at or below this is a mask, not a bias (HF: -1e4, finfo.min, -inf)
 MASK_MARGIN = 20.0  # masked scores sit this far below the scores' range: exp(-20) = 2e-9 of a row's weight
-SHAPE_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Expand", "Cast"})
-SOFTMAX_OPS = frozenset({"Softmax", "LogSoftmax"})
-# Ops that never belong to a mask branch: they compute on learned or data activations.
-_INDEXING = frozenset({"Gather", "GatherElements", "GatherND"})
-_COMPUTE = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Softmax", "LogSoftmax", "LayerNormalization",
-                      "Gelu", "Einsum", "Attention", "MultiHeadAttention"})
+SHAPE_OPS = opdefs.shape_only_ops()  # what may sit between a mask application and its Softmax
+SOFTMAX_OPS = opdefs.kind_ops("softmax")
+# Ops that read input 0 at run-time positions: compute when input 0 is a learned table (see _Graph.computes).
+_INDEXING = opdefs.kind_ops("gather")
+# Ops that never belong to a mask branch: they compute on learned or data activations (products,
+# attention, normalizations, softmaxes, and the GELUs of transformer blocks).
+_COMPUTE = opdefs.kind_ops("conv", "matmul", "attention", "normalization", "softmax") \
+    | opdefs.npu_manual_nonlinearities()
 
 
 @dataclass(frozen=True)

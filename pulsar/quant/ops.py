@@ -1,18 +1,22 @@
 """Which ONNX ops the NPU quantizes, and where their weights are.
 
-A registry instead of if-chains: each quantizable op type says which inputs are constant weights
-(with the output-channel axis used for per-channel scales) and which is a bias (int32, scale =
-input scale x weight scale). Ops not listed here (Softmax, ReduceMean, Pow, Sqrt, Div, Reshape, ...)
-run on float values in this version; the placement work makes that explicit later.
+The role of each op type (active / passive / manual, fused activation, table op, foldable scalar,
+mixed-precision candidate) is defined once, for every stage, in :mod:`pulsar.core.opdefs`; this module
+adds what only the quantizer needs: which inputs are constant weights (with the output-channel axis
+used for per-channel scales), which is a bias (int32, scale = input scale x weight scale) and which
+inputs carry tensor data. Ops without a role there (Cast, Where, Shape, ...) run in float on the CPU.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
+
+from pulsar.core import opdefs
 
 
 @dataclass(frozen=True)
@@ -27,18 +31,18 @@ class OpRule:
     # (Resize scales, Clip bounds, PRelu slope ...) stay as they are
     manual: bool = False   # on the NPU only when layer_configs asks (see MANUAL_OPS)
     fused: bool = False    # computed inside the producer's requantization (see FUSED_ACTIVATIONS)
-    lut: bool = False      # an element-wise function of one tensor: one lookup table (see UNARY_LUT_OPS)
+    lut: bool = False      # an active element-wise table op: a chain of them is one table (see UNARY_LUT_OPS)
     scalar_at: tuple[int, ...] = ()  # inputs where a float scalar constant may sit (SCALAR_ARITHMETIC)
     mixed_precision: bool = False    # a candidate of the auto mixed-precision search (it computes)
 
 
-# Everything the quant stage knows about an op type, one entry per op: adding an op is one call.
-OPS: dict[str, OpRule] = {}
+# What only the quant stage knows about an op type: its weights, bias and data inputs.
+_PARTS: dict[str, dict[str, Any]] = {}
 
 
-def register(op_types: str | tuple[str, ...], rule: OpRule) -> None:
+def _parts(op_types: str | tuple[str, ...], **parts: Any) -> None:
     for op in (op_types,) if isinstance(op_types, str) else op_types:
-        OPS[op] = rule
+        _PARTS[op] = parts
 
 
 def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
@@ -48,35 +52,30 @@ def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
     return default
 
 
-_LUT = dict(lut=True)
-register("Conv", OpRule(weights={1: lambda n, r: 0}, bias=2, fusable_activation=True, data_inputs=None,
-                        mixed_precision=True))
-register("ConvTranspose", OpRule(weights={1: lambda n, r: 1}, bias=2, fusable_activation=True, data_inputs=None,
-                                 mixed_precision=True))
-register("Gemm", OpRule(weights={1: lambda n, r: 0 if _attr(n, "transB", 0) else 1}, bias=2,
-                        fusable_activation=True, data_inputs=None, mixed_precision=True))
-register("MatMul", OpRule(weights={1: lambda n, r: r - 1}, fusable_activation=True, data_inputs=None,
-                          mixed_precision=True))
-register(("Add", "Mul"), OpRule(fusable_activation=True, data_inputs=None, scalar_at=(0, 1), mixed_precision=True))
-register("Sub", OpRule(fusable_activation=True, data_inputs=None, scalar_at=(1,), mixed_precision=True))
-register("Concat", OpRule(data_inputs=None, mixed_precision=True))
-register(("Relu", "Clip"), OpRule(fused=True, lut=True))
-register(("LeakyRelu", "Elu"), OpRule(lut=True))
-register(("Sigmoid", "HardSigmoid", "HardSwish", "Tanh"), OpRule(lut=True, mixed_precision=True))
-register("PRelu", OpRule())
-register(("AveragePool", "GlobalAveragePool", "Resize"), OpRule(mixed_precision=True))
-# Passive ops: no arithmetic, so they need no requantization; they run on the NPU next to quantized
-# neighbours and on the CPU next to float ones.
-register(("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Pad", "MaxPool",
-          "GlobalMaxPool", "DepthToSpace", "SpaceToDepth", "Identity"), OpRule(passive=True))
-# Manual ops: the NPU can run them, but at 8 bits they usually cost accuracy (exponentials,
-# normalizations, divisions), so they stay on the CPU in float unless a layer_configs entry selects
-# them with a quantized data_type. Only the data input and the outputs are quantized then.
-register(("Softmax", "LayerNormalization", "Gelu", "FastGelu", "Exp", "Log", "Sqrt", "Reciprocal", "Erf",
-          "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Pow", "InstanceNormalization"), OpRule(manual=True))
-register("Div", OpRule(manual=True, scalar_at=(1,)))
+_parts("Conv", weights={1: lambda n, r: 0}, bias=2, data_inputs=None)
+_parts("ConvTranspose", weights={1: lambda n, r: 1}, bias=2, data_inputs=None)
+_parts("Gemm", weights={1: lambda n, r: 0 if _attr(n, "transB", 0) else 1}, bias=2, data_inputs=None)
+_parts("MatMul", weights={1: lambda n, r: r - 1}, data_inputs=None)
+_parts(("Add", "Mul", "Sub", "Concat"), data_inputs=None)
 
-# Views of the registry, by the question they answer
+
+def _rule(d: opdefs.OpDef) -> OpRule:
+    """The quant rule of an op pulsar quantizes: its role from the op registry, its weights from _PARTS."""
+    return OpRule(**_PARTS.get(d.op_type, {}), fusable_activation=d.absorbs_activation, passive=d.role == "passive",
+                  manual=d.role == "manual", fused=d.fused_activation, lut=d.lut and d.role == "active",
+                  scalar_at=d.scalar_at, mixed_precision=d.mixed_precision)
+
+
+# Everything the quant stage knows about an op type, one entry per op type that has a role in
+# pulsar/core/opdefs.py (ops of several domains, such as Gelu, share their op type's entry).
+OPS: dict[str, OpRule] = {}
+for _d in opdefs.OPDEFS.values():
+    if _d.role is not None:
+        OPS.setdefault(_d.op_type, _rule(_d))
+# The ops whose input 1 is a weight quantized per output channel (Conv, ConvTranspose, Gemm, MatMul).
+WEIGHTED_OPS = frozenset(op for op, r in OPS.items() if 1 in r.weights)
+
+# Views of the registry, by the question they answer (pulsar/core/opdefs.py has the same, for every stage)
 QUANT_OPS: dict[str, OpRule] = {op: r for op, r in OPS.items() if not r.manual}
 MANUAL_OPS: dict[str, OpRule] = {op: r for op, r in OPS.items() if r.manual}
 # Activations an NPU computes inside the producing op's requantization step.

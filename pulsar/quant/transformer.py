@@ -22,17 +22,19 @@ from collections import defaultdict
 
 import onnx
 
-from pulsar.quant.attention import masked_scores
+from pulsar.core import opdefs
+from pulsar.quant.attention import SOFTMAX_OPS, masked_scores
 from pulsar.quant.precision import NodePrecision
 
 MASK_REASON = ("attention mask: added in float so the scores keep their own range (a layer_configs entry "
                "naming the node quantizes it)")
 STREAM_REASON = "transformer residual stream / block product: U16 (transformer presets)"
-TRANSFORMER_NORM_OPS = frozenset({"LayerNormalization", "Softmax", "Gelu", "FastGelu"})
-PRODUCT_OPS = frozenset({"MatMul", "Gemm"})
-# what may sit between Q.K^T and its Softmax: scaling, masks, bias, shape ops
-_SCORE_PATH = frozenset({"Div", "Mul", "Add", "Sub", "Where", "Reshape", "Transpose", "Squeeze", "Unsqueeze",
-                         "Identity", "Cast", "Expand", "Flatten"})
+# LayerNormalization, Softmax, Gelu, FastGelu: the manual nonlinearities the NPU runs (pulsar/core/opdefs.py)
+TRANSFORMER_NORM_OPS = opdefs.npu_manual_nonlinearities()
+# MatMul, Gemm: the matrix products pulsar quantizes (a transformer block's linear layers)
+PRODUCT_OPS = opdefs.op_types(lambda d: d.kind == "matmul" and d.role == "active")
+# what may sit between Q.K^T and its Softmax: scaling, masks, bias (Add / Sub / Mul / Div, Where), shape ops
+_SCORE_PATH = opdefs.scalar_arithmetic_ops() | opdefs.kind_ops("select") | opdefs.shape_only_ops()
 
 
 def transformer_stream(model: onnx.ModelProto) -> list[str]:
@@ -80,7 +82,7 @@ def has_attention(model: onnx.ModelProto) -> bool:
     consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
     maker = {o: n for n in g.node for o in n.output if o}
     for n in g.node:
-        if n.op_type not in ("Softmax", "LogSoftmax"):
+        if n.op_type not in SOFTMAX_OPS:
             continue
         stack, seen = [(n.input[0], 0)], set()
         while stack:

@@ -54,6 +54,7 @@ from pulsar.compiler.lower import LowerOptions, lower_qdq_model
 from pulsar.compiler.lower.model import SubRange
 from pulsar.context import BuildContext
 from pulsar.core.container import CompiledModel, load_compiled, package
+from pulsar.core.opdefs import grid_keeping_ops
 from pulsar.core.tensor_io import random_inputs
 from pulsar.core.tensors import initializer_array
 from pulsar.core.variants import Variant, variants_of
@@ -123,9 +124,8 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
 
 
 # ops that move integer codes without changing them: their outputs are on their (first) input's grid
-# (a per-tensor one: a per-axis grid's axis may move)
-_MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Split", "Gather", "Identity",
-          "MaxPool", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Resize", "Pad"}
+# (a per-tensor one: a per-axis grid's axis may move); pulsar/core/opdefs.py ``keeps_grid``
+_MOVES = grid_keeping_ops()
 
 
 def quant_grids(compiled: CompiledModel) -> dict[str, Grid]:

@@ -23,6 +23,7 @@ from pulsar.compiler.lower.model import Fallback, LowerOptions, SubRange
 from pulsar.compiler.lower.qdq_graph import ACTIVATION_TYPES, QdqGraph, is_dq, is_q
 from pulsar.compiler.lower.rules import LowerCtx, Operand, Unsupported, clamp_of, find_rule, relu_clip_bounds
 from pulsar.compiler.lower.rules.lut import LUT_FUNCS, SCALAR_OPS, lower_lut_chain
+from pulsar.core.opdefs import fused_activations
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.frontend.graph import DEFAULT_DOMAINS, node_inputs
 from pulsar.quant.ops import MANUAL_OPS
@@ -30,7 +31,7 @@ from pulsar.quant.ops import MANUAL_OPS
 log = logging.getLogger(__name__)
 
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
-_FUSABLE = ("Relu", "Clip")
+_FUSABLE = fused_activations()  # Relu / Clip: folded into the producer's out_min / out_max
 
 
 @dataclass

@@ -36,12 +36,11 @@ from typing import Any
 import onnx
 
 from pulsar.quant.observers import compute_range
+from pulsar.quant.ops import WEIGHTED_OPS
 from pulsar.quant.plan import QuantPlan
 from pulsar.quant.scheme import BITS, DTYPES
 
 log = logging.getLogger(__name__)
-
-WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 
 def weighted_layer_inputs(model: onnx.ModelProto, plan: QuantPlan) -> set[str]:

@@ -20,6 +20,7 @@ from onnx import helper
 from pulsar.compiler.lower.qdq_graph import ACTIVATION_TYPES, QdqGraph, QParams, TensorType
 from pulsar.core.fixedpoint import quantize_multiplier
 from pulsar.core.int_ops import INT_DOMAIN
+from pulsar.core.opdefs import code_moving_ops
 from pulsar.errors import PulsarError
 
 INT64_LIMIT = 2**62
@@ -230,16 +231,16 @@ def elem_np(elem_type: int) -> np.dtype:
 
 Rule = Callable[[LowerCtx], None]
 RULES: dict[tuple[str, str], Rule] = {}
-PASSIVE_OPS: set[str] = set()
+# Ops lowered as the standard ONNX op on the integer codes (data movement: pulsar/core/opdefs.py
+# ``moves_codes``); not the quantizer's passive ops, which also share their input's scale.
+PASSIVE_OPS: frozenset[str] = code_moving_ops()
 
 
-def rule(*op_types: str, domain: str = "", passive: bool = False) -> Callable[[Rule], Rule]:
+def rule(*op_types: str, domain: str = "") -> Callable[[Rule], Rule]:
     """Register ``fn`` as the lowering of ``op_types`` (default domain unless ``domain``)."""
     def deco(fn: Rule) -> Rule:
         for op in op_types:
             RULES[(domain, op)] = fn
-            if passive:
-                PASSIVE_OPS.add(op)
         return fn
     return deco
 

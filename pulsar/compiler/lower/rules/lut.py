@@ -26,6 +26,7 @@ from pulsar.compiler.lower.rules.base import (
     relu_clip_bounds,
     rule,
 )
+from pulsar.core.opdefs import fused_activations, scalar_arithmetic_ops
 
 Fn = Callable[[np.ndarray], np.ndarray]
 FRACTION_BITS = 8  # an interpolated table's grid is 2**8 times finer than an 8-bit output's
@@ -185,7 +186,7 @@ def unary_function(ctx: LowerCtx, x_index: int) -> Fn | None:
             "Div": (lambda x: x / c) if first else (lambda x: c / x)}[ctx.op]
 
 
-SCALAR_OPS = ("Mul", "Add", "Sub", "Div")
+SCALAR_OPS = scalar_arithmetic_ops()  # Mul / Add / Sub / Div, of a tensor and a scalar constant
 
 
 def lower_lut_chain(ctx: LowerCtx, chain: list[LowerCtx]) -> None:
@@ -238,5 +239,5 @@ def _lower_lut(ctx: LowerCtx) -> None:
 
 
 for (_domain_name, _op) in LUT_FUNCS:
-    if _op not in ("Relu", "Clip"):  # eltwise.py: Requantize on one grid, a table across grids
+    if _op not in fused_activations():  # Relu / Clip, eltwise.py: Requantize on one grid, a table across grids
         rule(_op, domain=_domain_name)(_lower_lut)

@@ -8,9 +8,10 @@ import numpy as np
 import onnx
 
 from pulsar.compiler.lower.rules.base import LowerCtx, Unsupported, elem_np, full_range, quantize_real, rule
+from pulsar.core.opdefs import enlarging_ops
 
 # ops that produce more data than they read: requantize their (smaller) input instead of the output
-_ENLARGING = {"Resize", "Tile", "Expand"}
+_ENLARGING = enlarging_ops()
 
 
 def _copy(ctx: LowerCtx, inputs: list[str], outputs: list[str], *, suffix: str | None = None) -> None:
@@ -68,12 +69,12 @@ def lower_passive(ctx: LowerCtx, side: list[str] | None = None) -> None:
 
 
 @rule("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "DepthToSpace",
-      "SpaceToDepth", "Gather", "Identity", "Expand", "Tile", passive=True)
+      "SpaceToDepth", "Gather", "Identity", "Expand", "Tile")
 def lower_movement(ctx: LowerCtx) -> None:
     lower_passive(ctx)
 
 
-@rule("Resize", passive=True)
+@rule("Resize")
 def lower_resize(ctx: LowerCtx) -> None:
     if ctx.attr_str("mode", "nearest") != "nearest":
         raise Unsupported(f"Resize mode {ctx.attr_str('mode', 'nearest')} is not supported by the NPU (nearest only)")
@@ -90,7 +91,7 @@ def lower_resize(ctx: LowerCtx) -> None:
     lower_passive(ctx, side)
 
 
-@rule("Pad", passive=True)
+@rule("Pad")
 def lower_pad(ctx: LowerCtx) -> None:
     if ctx.attr_str("mode", "constant") != "constant":
         raise Unsupported(f"Pad mode {ctx.attr_str('mode', 'constant')} is not supported by the NPU (constant only)")
@@ -112,7 +113,7 @@ def lower_pad(ctx: LowerCtx) -> None:
     lower_passive(ctx, side)
 
 
-@rule("Concat", passive=True)
+@rule("Concat")
 def lower_concat(ctx: LowerCtx) -> None:
     yq = ctx.out()
     clamp = ctx.clamps[0]

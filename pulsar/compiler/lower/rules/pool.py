@@ -81,7 +81,7 @@ def lower_reduce(ctx: LowerCtx) -> None:
     _reduce(ctx, axes, int(ctx.attr("keepdims", 1)), mean=ctx.op == "ReduceMean")
 
 
-@rule("MaxPool", "GlobalMaxPool", "ReduceMax", passive=True)
+@rule("MaxPool", "GlobalMaxPool", "ReduceMax")
 def lower_maxpool(ctx: LowerCtx) -> None:
     if ctx.op == "MaxPool" and len([o for o in ctx.node.output if o]) > 1:
         raise Unsupported("MaxPool with an Indices output")
