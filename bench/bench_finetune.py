@@ -567,6 +567,23 @@ def with_weights(config: dict, dtype: str | None) -> dict:
     return {**config, "quant": quant}
 
 
+def with_layer_configs(config: dict, entries: list[dict] | None) -> dict:
+    """``config`` with ``entries`` appended to its quant.layer_configs."""
+    if not entries:
+        return config
+    quant = dict(config.get("quant", {}))
+    quant["layer_configs"] = [*quant.get("layer_configs", []), *entries]
+    return {**config, "quant": quant}
+
+
+def _entries(text: str) -> list[dict]:
+    """--layer-configs: a JSON list of layer_configs entries, or @path of a JSON file holding one."""
+    value = json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
+    if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
+        raise argparse.ArgumentTypeError("a JSON list of layer_configs entries (objects)")
+    return value
+
+
 def _add_note(row: Row, note: str) -> None:
     row.note = f"{row.note}; {note}".lstrip("; ")
 
@@ -583,7 +600,7 @@ def bench_target(t: Target, work: Path, args: argparse.Namespace) -> tuple[list[
         start = time.perf_counter()
         try:
             res = pulsar.build(input=str(t.float_model), output_dir=str(out_dir),
-                               config=with_weights(t.config, args.weights),
+                               config=with_layer_configs(with_weights(t.config, args.weights), args.layer_configs),
                                overrides=_overrides(algo, args, t.finetune), quiet=True)
         except Exception as exc:  # one failing build must not hide the others' figures
             rows.append(Row(t.key, algo, note=f"build failed: {first_line(exc)}"))
@@ -837,6 +854,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path,
                         help="make this run's fresh folder here and keep it (default: a temporary folder, removed)")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of failures")
+    parser.add_argument("--layer-configs", type=_entries,
+                        help="quant.layer_configs entries appended to every build: a JSON list, or @file.json")
     parser.add_argument("--weights", choices=["S4", "U4", "S8", "S16"],
                         help="weight_data_type of every weight (default: the config's, S8)")
     args = parser.parse_args(argv)

@@ -177,6 +177,13 @@ def estimate(graph: onnx.GraphProto, profile: TargetProfile | str, npu_mode: str
         if w.unit != "none":
             ddr += w.weight_bytes
         mac_rate = profile.macs_per_cycle(w.operand_bits) * cores
+        if w.float_format:
+            mac_rate = profile.float_macs_per_cycle(w.float_format) * cores
+            if not mac_rate:
+                raise PulsarError(
+                    f"{w.name} ({w.op_type}) runs in {w.float_format}, which target {profile.name} does not have "
+                    f"({w.float_format.lower()}_macs_per_cycle_per_core is 0 or absent in its profile): pick a target "
+                    f"with {w.float_format}, or give the layer an integer data_type (U16) in quant.layer_configs")
         vec_rate = profile.vector_ops_per_cycle_per_core * cores
         compute = math.ceil(w.macs / mac_rate) + math.ceil(w.elementwise_ops * max(1, w.operand_bits // 8) / vec_rate)
         memory = math.ceil(ddr / per_cycle)

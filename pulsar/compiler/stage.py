@@ -91,7 +91,12 @@ def _show_sub_configs(lowered: LoweredModel, subs: list[SubRange]) -> None:
 
 
 def _quant_placement(ctx: BuildContext) -> dict[str, tuple[str, str]] | None:
-    """node -> (NPU | CPU, why) as the quant stage placed it (quant_config.json); None when absent."""
+    """node -> (NPU | CPU, why) as the quant stage placed it: its plan, handed over in memory by this
+    build's quant stage; read back from quant_config.json only when compiling the files of an earlier
+    build. None when neither exists."""
+    qg = ctx.quant_graph
+    if qg is not None:
+        return dict(qg.plan.placement)
     try:
         nodes = json.loads(ctx.path("quant", "quant_config.json").read_text())["nodes"]
         return {name: (v["placement"], v.get("placement_reason", "")) for name, v in nodes.items()}

@@ -32,6 +32,7 @@ class Workload:
     operand_bits: int = 8
     unit: str = "vector"
     note: str = ""
+    float_format: str = ""   # FP16 / BF16: an op of a float layer (its MACs at that format's rate)
 
 
 
@@ -218,6 +219,47 @@ def _view(node: onnx.NodeProto, t: Tensors) -> dict[str, Any]:
     return {"unit": "none"}
 
 
+# ops of FP16 / BF16 layers (pulsar/core/float_ops.py) and their border conversions
+@cost_rule("MatMul", "Gemm")
+def _float_matmul(node: onnx.NodeProto, t: Tensors) -> dict[str, Any]:
+    a = t.dims(node.input[0])
+    k = (a[-2] if _attr(node, "transA", 0) else a[-1]) if a else 1
+    return {"macs": t.numel(node.output[0]) * k, "unit": "mac", "operand_bits": 16}
+
+
+cost_rule("Add", "Sub", "Mul", "Div", "Relu", "Neg", "Abs")(_per_output(1))
+cost_rule("Exp", "Sqrt", "Tanh", "Sigmoid", "Erf", "Pow")(_per_output(4))  # a polynomial / a few iterations each
+cost_rule("Gelu")(_per_output(6))
+cost_rule("Dequantize", "Quantize")(_per_output(3))
+
+
+@cost_rule("Softmax")
+def _float_softmax(node: onnx.NodeProto, t: Tensors) -> dict[str, Any]:
+    return {"elementwise_ops": 8 * t.numel(node.input[0])}  # max, sub, exp (~4), sum, divide
+
+
+@cost_rule("LayerNormalization")
+def _float_layernorm(node: onnx.NodeProto, t: Tensors) -> dict[str, Any]:
+    return {"elementwise_ops": 8 * t.numel(node.input[0])}  # mean, centre, square, mean, rsqrt, scale, shift
+
+
+@cost_rule("ReduceMean")
+def _float_reduce_mean(node: onnx.NodeProto, t: Tensors) -> dict[str, Any]:
+    return {"elementwise_ops": t.numel(node.input[0]) + t.numel(node.output[0])}
+
+
+_FLOAT_ELEMS = {onnx.TensorProto.FLOAT16: "FP16", onnx.TensorProto.BFLOAT16: "BF16"}
+
+
+def _float_format(node: onnx.NodeProto, t: Tensors) -> str:
+    """FP16 / BF16 when the node computes in a float format (any float16 / bfloat16 operand)."""
+    for name in [*node.input, *node.output]:
+        fmt = _FLOAT_ELEMS.get(t.elem.get(name, 0)) if name else None
+        if fmt:
+            return fmt
+    return ""
+
+
 def op_workload(node: onnx.NodeProto, t: Tensors) -> Workload:
     """The workload of one node (``t``: the facts of its graph)."""
     rule = COST_RULES.get(node.op_type)
@@ -229,6 +271,7 @@ def op_workload(node: onnx.NodeProto, t: Tensors) -> Workload:
     else:
         part = rule(node, t)
     part.setdefault("operand_bits", _act_bits(node, t))
+    part.setdefault("float_format", _float_format(node, t))
     if part.get("unit") == "none":
         read = weights = written = 0
     else:

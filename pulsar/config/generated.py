@@ -82,9 +82,11 @@ class LayerConfig:
     end_tensor_names: tuple[str, ...] | str | None = None
     """subgraph end tensors (DEFAULT: the whole model)"""
 
-    data_type: Literal["U8", "S8", "U16", "S16", "FP32"] | None = None
-    """activation precision (default U8); left out of an entry that sets only weight_data_type /
-    weight_granularity, the layers keep the activation precision chosen for them otherwise
+    data_type: Literal["U8", "S8", "U16", "S16", "FP16", "BF16", "FP32"] | None = None
+    """activation precision (default U8): integer grids, FP16 / BF16 (the layer runs on the NPU in that float
+    format, when the target has it) or FP32 (float, on the CPU); left out of an entry that sets only
+    weight_data_type / weight_granularity, the layers keep the activation precision chosen for them
+    otherwise
     """
 
     output_data_type: Literal["U8", "S8", "U16", "S16", "FP32"] | None = None

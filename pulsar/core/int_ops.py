@@ -34,6 +34,9 @@ _INT = ("int32", "int64")                                 # multipliers, shifts,
 _WEIGHT = ("int4", "uint4", *_NARROW)                     # constant weights: 4-bit ones stored two per byte
 OUT_TYPES = {onnx.TensorProto.UINT8, onnx.TensorProto.INT8, onnx.TensorProto.UINT16, onnx.TensorProto.INT16,
              onnx.TensorProto.INT32}
+_FLOAT = ("float16", "bfloat16")                          # FP16 / BF16 layers (pulsar/core/float_ops.py)
+FLOAT_OUT_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+_F = _ATTR.FLOAT
 
 
 @dataclass(frozen=True)
@@ -83,14 +86,21 @@ INT_OPS: dict[str, tuple[tuple[In, ...], dict[str, tuple[OpSchema.AttrType, bool
                     In("N", _INT)),
                    {"axis": (_I, False), "x_zp": (_I, False), "eps_q": (_I, False), "F": (_I, False)},
                    "layer normalization with an exact integer square root"),
+    # the border of an FP16 / BF16 layer
+    "Dequantize": ((In("x", _NARROW),), {"x_zp": (_I, False), "scale": (_F, True)},
+                   "integers to a float format: (x - x_zp) * scale in float32, rounded once (`to` is the format)"),
+    "Quantize": ((In("x", _FLOAT),), {"scale": (_F, True)},
+                 "a float format to integers: x / scale in float32, rounded half to even, + out_zp, saturated"),
 }
+# ops whose output is a float format, not an integer grid
+FLOAT_OUTPUT_OPS = {"Dequantize"}
 
 
 def _output_type(ctx: onnx.shape_inference.InferenceContext) -> None:
     """The output element type is the attribute ``to`` (an integer grid type)."""
     to = ctx.get_attribute("to")
     code = to.i if isinstance(to, onnx.AttributeProto) else None
-    if code not in OUT_TYPES:
+    if code not in OUT_TYPES | FLOAT_OUT_TYPES:
         raise onnx.shape_inference.InferenceError(
             f"[TypeInferenceError] {ctx.get_display_name()}: attribute 'to' = {code} is not an integer grid type "
             f"{sorted(OUT_TYPES)}")
@@ -108,7 +118,9 @@ def schema(op_type: str) -> OpSchema:
                   for name, (kind, required) in {**attrs, **GRID}.items()]
     s = OpSchema(op_type, INT_DOMAIN, INT_VERSION, f"{summary} (docs/integer_semantics.md)",
                  inputs=formal, outputs=[OpSchema.FormalParameter("y", "T_y")],
-                 type_constraints=[*constraints, ("T_y", [f"tensor({t})" for t in _NARROW], "the type `to` names")],
+                 type_constraints=[*constraints, ("T_y", [f"tensor({t})" for t in
+                                                           (_FLOAT if op_type in FLOAT_OUTPUT_OPS else _NARROW)],
+                                                  "the type `to` names")],
                  attributes=attributes)
     s.set_type_and_shape_inference_function(_output_type)
     return s

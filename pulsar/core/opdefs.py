@@ -47,7 +47,7 @@ Where the views replaced hand-written sets they equal them, except (deliberately
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 Role = Literal["active", "passive", "manual"]
@@ -82,6 +82,7 @@ class OpDef:
     keeps_grid: bool = False        # every output code is one of input 0's codes: same grid
     enlarges: bool = False          # copies input elements, usually writing more than it reads (Resize, Expand, Tile)
     shape_only: bool = False        # changes only shape, axis order, broadcast or element type of input 0
+    float_layer: bool = False       # runs in an FP16 / BF16 layer on the NPU (pulsar/core/float_ops.py)
     cpu_only: str = ""              # why the NPU never runs it ("": it can)
     lacks: tuple[tuple[Piece, str], ...] = ()  # pieces an NPU op has not got, each with why
 
@@ -341,6 +342,19 @@ def shape_only_ops() -> frozenset[str]:
     return op_types(lambda d: d.shape_only)
 
 
+# Ops an FP16 / BF16 layer runs on the NPU: a float kernel (pulsar/runtime/kernels/floating.py) or
+# data movement, which does not care about the element type.
+for _op in ("Add", "Sub", "Mul", "Div", "MatMul", "Gemm", "Softmax", "LayerNormalization", "Gelu", "Erf", "Tanh",
+            "Sigmoid", "Relu", "Exp", "Sqrt", "Pow", "ReduceMean", "Neg", "Abs", "Reshape", "Transpose", "Squeeze",
+            "Unsqueeze", "Flatten", "Concat", "Slice", "Identity"):
+    OPDEFS[(DEFAULT, _op)] = replace(OPDEFS[(DEFAULT, _op)], float_layer=True)
+
+
+def float_layer_ops() -> frozenset[str]:
+    """Standard ops an FP16 / BF16 layer runs on the NPU."""
+    return op_types(lambda d: d.float_layer and d.domain == DEFAULT)
+
+
 def kind_ops(*kinds: Kind) -> frozenset[str]:
     """Op types of the given kinds."""
     return op_types(lambda d: d.kind in kinds)
@@ -355,6 +369,6 @@ def npu_manual_nonlinearities() -> frozenset[str]:
 
 
 __all__ = ["DEFAULT", "ML", "MS", "OPDEFS", "PIECES", "Kind", "OpDef", "Piece", "Role", "by_type",
-           "code_moving_ops", "define", "enlarging_ops", "fused_activations", "grid_keeping_ops", "kind_ops",
+           "code_moving_ops", "define", "enlarging_ops", "float_layer_ops", "fused_activations", "grid_keeping_ops", "kind_ops",
            "lookup", "lut_chain_ops", "manual_ops", "mixed_precision_ops", "npu_manual_nonlinearities", "op_types",
            "passive_ops", "quantized_ops", "scalar_arithmetic_ops", "scalar_operands", "shape_only_ops", "table_ops"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from pulsar.core.float_ops import FLOAT_FORMATS, FLOAT_OPS, float_format
 from pulsar.quant.ops import (
     FUSED_ACTIVATIONS,
     MANUAL_OPS,
@@ -52,6 +53,12 @@ class QuantPlan:
     dtypes: dict[str, str] = field(default_factory=dict)   # activation / constant -> U8 | S8 | U16 | S16
     shared: dict[str, str] = field(default_factory=dict)   # passive op output -> tensor whose scale it shares
     placement: dict[str, tuple[str, str]] = field(default_factory=dict)  # node -> (NPU | CPU, why)
+    float_constants: dict[str, str] = field(default_factory=dict)  # constant of a float layer -> FP16 | BF16
+    format_nodes: dict[str, str] = field(default_factory=dict)     # node of a float layer -> FP16 | BF16
+    # the border of a float layer with integer grids: (node, input index, format) of an input it reads
+    # from an integer grid, and output tensor -> format of an output it writes to an integer grid
+    float_reads: list[tuple[str, int, str]] = field(default_factory=list)
+    float_writes: dict[str, str] = field(default_factory=dict)
 
     def dominator(self, name: str) -> str:
         """The tensor whose scale ``name`` shares (itself when it has its own)."""
@@ -73,11 +80,19 @@ def _rule_for(node: onnx.NodeProto, prec: NodePrecision, plan: QuantPlan,
     node with, or None to keep it on the CPU in float, and why."""
     if prec.data_type == "FP32":
         return None, prec.why or "layer_configs data_type FP32"
+    if float_format(prec.data_type):
+        if node.op_type in FLOAT_OPS and node.domain in ("", "ai.onnx"):
+            return FLOAT_RULE, f"{prec.data_type} layer (layer_configs): runs on the NPU in {prec.data_type}"
+        return None, (f"{node.op_type} has no {prec.data_type} kernel on the NPU: runs in float on the CPU (the "
+                      f"NPU runs {', '.join(sorted(FLOAT_OPS))} in {prec.data_type})")
     scalar_in = scalar_operand_input(node, inits)
     if scalar_in is not None:
         return OpRule(data_inputs=(scalar_in,)), "active: arithmetic with a scalar constant (folded into the rescale)"
     rule = QUANT_OPS.get(node.op_type)
     if rule is not None and rule.passive:
+        if node.input and float_format(plan.dtypes.get(node.input[0], "")) and node.op_type in FLOAT_OPS:
+            fmt = plan.dtypes[node.input[0]]
+            return FLOAT_RULE, f"passive: follows its {fmt} input on the NPU"
         if node.input and node.input[0] in plan.dtypes:
             return rule, "passive: follows its quantized input, shares its scale"
         return None, "passive op whose input comes from a CPU op or a constant; it follows its neighbours"
@@ -89,6 +104,10 @@ def _rule_for(node: onnx.NodeProto, prec: NodePrecision, plan: QuantPlan,
         return None, (f"manual op: kept in float on the CPU for accuracy; to quantize it add a layer_configs "
                       f'entry {{"op_type": "{node.op_type}", "data_type": "U16"}}')
     return None, "not supported by the NPU: runs on the CPU"
+
+
+# A float-format layer: every input is data (constants are stored in the format), nothing quantized.
+FLOAT_RULE = OpRule()
 
 
 def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None = None, *,
@@ -121,7 +140,7 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
         if not optimize or out in graph_outputs or len(users) != 1:
             return None
         nxt = users[0]
-        if precision.get(nxt.name, default).data_type == "FP32":
+        if precision.get(nxt.name, default).data_type in ("FP32", *FLOAT_FORMATS):
             return None
         return nxt if nxt.op_type in FUSED_ACTIVATIONS or is_unary_lut(nxt, inits) else None
 
@@ -132,6 +151,11 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
         if name not in plan.dtypes:
             plan.activations.append(name)
             plan.dtypes[name] = dtype
+        elif float_format(plan.dtypes[name]) != float_format(dtype):
+            # A float layer's output read by an integer op, or an integer output read by a float layer:
+            # the tensor is on the integer grid, the float layer converts at its border.
+            if float_format(plan.dtypes[name]):
+                plan.dtypes[name] = dtype
         elif BITS[dtype] > BITS[plan.dtypes[name]]:
             plan.dtypes[name] = dtype  # stored once, at the widest precision its producer or readers need
 
@@ -144,6 +168,18 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
             continue
         plan.quantized_nodes.append(node.name)
         plan.placement[node.name] = ("NPU", why)
+        if rule is FLOAT_RULE:
+            fmt = prec.data_type if float_format(prec.data_type) else plan.dtypes[node.input[0]]
+            plan.format_nodes[node.name] = fmt
+            for name in node.input:
+                if name in inits:
+                    if inits[name].data_type == FLOAT:
+                        plan.float_constants[name] = fmt
+                elif name and name not in plan.dtypes:
+                    add_act(name, fmt)  # from a CPU op or a model input: enters in the format
+            for out in node.output:
+                add_act(out, fmt)
+            continue
         if rule.passive:
             src = node.input[0]
             for out in node.output:
@@ -197,6 +233,16 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
                     add_act(out, prec.output if BITS[prec.output] == 16 else "U16")
                     continue
             add_act(out, prec.output)
+    for node in g.node:  # where a float layer meets an integer grid, it converts (pulsar/core/float_ops.py)
+        fmt = plan.format_nodes.get(node.name)
+        if fmt is None:
+            continue
+        for i, name in enumerate(node.input):
+            if name in plan.dtypes and not float_format(plan.dtypes[name]):
+                plan.float_reads.append((node.name, i, fmt))
+        for out in node.output:
+            if out in plan.dtypes and not float_format(plan.dtypes[out]):
+                plan.float_writes[out] = fmt
     # A reader may have widened one side of a passive op after the fact: only equal grids are shared.
     plan.shared = {o: i for o, i in plan.shared.items() if plan.dtypes.get(o) == plan.dtypes.get(i)}
     # A constant may be both a weight somewhere and an operand elsewhere: keep it a weight only.

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from pulsar.core.float_ops import FLOAT_FORMATS, float_format
 from pulsar.quant.plan import QuantPlan
 from pulsar.quant.scheme import (
     BITS,
@@ -23,11 +24,14 @@ from pulsar.quant.scheme import (
     activation_quant,
     bias_fits_s32,
     bias_quant,
+    float_grid,
     requantize,
     weight_quant,
 )
 
 log = logging.getLogger(__name__)
+
+FLOAT = onnx.TensorProto.FLOAT
 
 
 def _init(g: onnx.GraphProto, name: str, arr: np.ndarray) -> None:
@@ -149,7 +153,12 @@ def quant_params(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tupl
         else:
             arr = numpy_helper.to_array(inits[name])
             params[name] = constant_quant(name, arr, refine_weight_threshold, plan.dtypes.get(name, "S8"))[0]
+    for name, fmt in plan.float_constants.items():
+        params[name] = float_grid(name, fmt, "constant")
     for name in plan.activations:
+        if float_format(plan.dtypes[name]):
+            params[name] = float_grid(name, plan.dtypes[name])
+            continue
         lo, hi = ranges[name]
         params[name] = fixed[name] if name in fixed else activation_quant(name, lo, hi, plan.dtypes[name])
         if name in plan.shared:
@@ -166,6 +175,27 @@ def quant_params(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tupl
         params[b.tensor] = fixed[b.tensor] if b.tensor in fixed else bias_quant(b.tensor, arr, float(act.scale),
                                                                                  w.scale)[0]
     return params
+
+
+def _cast_pair(g: onnx.GraphProto, src: str, dst: str, mid: str, fmt: str) -> None:
+    """``src -> Cast(fmt) -> mid -> Cast(FLOAT) -> dst``: rounding to an FP16 / BF16 grid."""
+    g.node.append(helper.make_node("Cast", [src], [mid], name=f"{mid}/CastTo{fmt}", to=FLOAT_FORMATS[fmt][0]))
+    g.node.append(helper.make_node("Cast", [mid], [dst], name=f"{mid}/CastToFloat", to=FLOAT))
+
+
+def _float_pair(g: onnx.GraphProto, name: str, tq: TensorQuant, graph_inputs: set[str],
+                input_users: dict[str, list[tuple[onnx.NodeProto, int]]],
+                producers: dict[str, tuple[onnx.NodeProto, int]]) -> None:
+    """``src -> Cast(format) -> T/h -> Cast(FLOAT) -> dst``: the tensor rounded to an FP16 / BF16 grid."""
+    if name in graph_inputs:
+        src, dst = name, f"{name}/dq"
+        for n, k in input_users[name]:
+            n.input[k] = dst
+    else:
+        n, k = producers[name]
+        src, dst = f"{name}/float", name
+        n.output[k] = src
+    _cast_pair(g, src, dst, f"{name}/h", tq.dtype)
 
 
 def export_qdq(model: onnx.ModelProto, plan: QuantPlan, params: dict[str, TensorQuant]) -> onnx.ModelProto:
@@ -187,6 +217,13 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, params: dict[str, Tensor
         store(w.tensor)
     for name in plan.constants:
         store(name)
+    for name in plan.float_constants:
+        if name in inits:  # stored in its format, widened back by a Cast (the float DequantizeLinear)
+            elem, np_type = FLOAT_FORMATS[params[name].dtype]
+            arr = numpy_helper.to_array(inits[name])
+            g.initializer.remove(inits.pop(name))
+            _init(g, f"{name}/h", arr.astype(np_type))
+            g.node.append(helper.make_node("Cast", [f"{name}/h"], [name], name=f"{name}/Cast", to=FLOAT))
     for b in plan.biases:
         if b.tensor in params:
             store(b.tensor)
@@ -200,6 +237,9 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, params: dict[str, Tensor
                 input_users[i].append((n, k))
     for name in plan.activations:
         tq = params[name]
+        if float_format(tq.dtype):
+            _float_pair(g, name, tq, graph_inputs, input_users, producers)
+            continue
         if name in graph_inputs:
             for n, k in input_users[name]:
                 n.input[k] = f"{name}/dq"
@@ -207,7 +247,17 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, params: dict[str, Tensor
         else:
             n, k = producers[name]
             n.output[k] = f"{name}/float"
+            if name in plan.float_writes:  # a float layer's output: rounded to its format, then quantized
+                fmt = plan.float_writes[name]
+                n.output[k] = f"{name}/{fmt}"
+                _cast_pair(g, f"{name}/{fmt}", f"{name}/float", f"{name}/{fmt}/h", fmt)
             _qdq_nodes(g, f"{name}/float", name, tq)
+    by_name = {n.name: n for n in g.node}
+    for node_name, i, fmt in plan.float_reads:  # a float layer reading an integer grid: to its format first
+        n = by_name[node_name]
+        src = n.input[i]
+        _cast_pair(g, src, f"{src}/{node_name}/{fmt}", f"{src}/{node_name}/{fmt}/h", fmt)
+        n.input[i] = f"{src}/{node_name}/{fmt}"
     topological_sort(g)
     if any(params[w.tensor].dtype in _PACKED for w in plan.weights if w.tensor in params):
         qmodel.ir_version = max(qmodel.ir_version, INT4_IR_VERSION)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from pulsar.errors import PulsarError
@@ -26,8 +27,11 @@ DTYPES: dict[str, tuple[int, int, bool, type]] = {
     "U16": (0, 65535, False, np.uint16),
     "S16": (-32768, 32767, True, np.int16),
     "S32": (-(2**31), 2**31 - 1, True, np.int32),
+    # float grids of FP16 / BF16 layers (pulsar/core/float_ops.py): the format's finite range, no scale
+    "FP16": (-65504, 65504, True, np.float16),
+    "BF16": (-(2**127) * 255 // 128, 2**127 * 255 // 128, True, ml_dtypes.bfloat16),
 }
-BITS = {"S4": 4, "U4": 4, "U8": 8, "S8": 8, "U16": 16, "S16": 16, "S32": 32}
+BITS = {"FP16": 16, "BF16": 16, "S4": 4, "U4": 4, "U8": 8, "S8": 8, "U16": 16, "S16": 16, "S32": 32}
 
 MIN_SCALE = 1e-12
 
@@ -92,6 +96,12 @@ def activation_quant(name: str, lo: float, hi: float, dtype: str = "U8") -> Tens
     scale = max((hi - lo) / (qmax - qmin), MIN_SCALE)
     zp = int(np.clip(np.round(qmin - lo / scale), qmin, qmax))
     return TensorQuant(name, dtype, np.float32(scale), np.array(zp, dtype=DTYPES[dtype][3]), range=(lo, hi))
+
+
+def float_grid(name: str, dtype: str, kind: str = "activation") -> TensorQuant:
+    """A tensor of an FP16 / BF16 layer: values of that format (scale 1, no zero point)."""
+    return TensorQuant(name, dtype, np.float32(1.0), np.array(0, dtype=np.int32), symmetric=True, state="FLOAT",
+                       kind=kind)
 
 
 def weight_quant(name: str, w: np.ndarray, axis: int | None, dtype: str = "S8",

@@ -24,10 +24,11 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import helper
+from onnx import TensorProto, helper
 
 from pulsar.core.container import SUBGRAPH_KINDS, CompiledModel, Subgraph, load_compiled
 from pulsar.core.int_ops import INT_DOMAIN
@@ -84,7 +85,7 @@ def _with_all_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     inferred = onnx.shape_inference.infer_shapes(model)
     g = inferred.graph
     have = {o.name for o in g.output} | {i.name for i in g.input}
-    typed = {v.name: v for v in g.value_info}
+    typed = {v.name: v for v in g.value_info if v.type.tensor_type.elem_type != TensorProto.BFLOAT16}
     extra = [typed[o] for n in g.node for o in n.output if o in typed and o not in have]
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -92,8 +93,30 @@ def _with_all_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def _widen_bfloat16(graph: onnx.GraphProto) -> tuple[onnx.GraphProto, set[str], set[str]]:
+    """onnxruntime's Python API has no numpy type for bfloat16: a copy of ``graph`` whose bfloat16 inputs
+    and outputs are float32 (a Cast inside converts, exactly), and the names of those inputs / outputs."""
+    bf16 = TensorProto.BFLOAT16
+    ins = {v.name for v in graph.input if v.type.tensor_type.elem_type == bf16}
+    outs = {v.name for v in graph.output if v.type.tensor_type.elem_type == bf16}
+    if not ins and not outs:
+        return graph, ins, outs
+    g = onnx.GraphProto()
+    g.CopyFrom(graph)
+    casts = [helper.make_node("Cast", [f"{n}/float32"], [n], to=bf16) for n in ins]
+    for v in [*g.input, *g.output]:
+        if v.name in ins | outs:
+            v.name, v.type.tensor_type.elem_type = f"{v.name}/float32", TensorProto.FLOAT
+    nodes = casts + list(g.node) + [helper.make_node("Cast", [n], [f"{n}/float32"], to=TensorProto.FLOAT)
+                                    for n in outs]
+    del g.node[:]
+    g.node.extend(nodes)
+    return g, ins, outs
+
+
 def ort_runner(graph: onnx.GraphProto, name: str, opsets: list[onnx.OperatorSetIdProto], ir_version: int) -> Runner:
     """Run ``graph`` in onnxruntime with QDQ kept as float math (lazily adds all outputs for ``keep``)."""
+    graph, bf16_in, bf16_out = _widen_bfloat16(graph)
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = ir_version
     sessions: dict[bool, tuple[ort.InferenceSession, list[str]]] = {}
@@ -122,7 +145,13 @@ def ort_runner(graph: onnx.GraphProto, name: str, opsets: list[onnx.OperatorSetI
         sess, names = session(keep)
         with ort_guard(f"running subgraph {name!r}", "check the inputs this subgraph receives (their values, "
                        "not only their shapes: an index or a shape read from data must be valid)"):
-            return dict(zip(names, sess.run(names, feeds), strict=True))
+            if bf16_in:
+                feeds = {(f"{k}/float32" if k in bf16_in else k): (np.asarray(v, np.float32) if k in bf16_in else v)
+                         for k, v in feeds.items()}
+            out = dict(zip(names, sess.run(names, feeds), strict=True))
+        for k in bf16_out:
+            out[k] = out.pop(f"{k}/float32").astype(ml_dtypes.bfloat16)
+        return out
 
     return run
 

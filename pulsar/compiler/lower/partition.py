@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 
 from pulsar.compiler.lower.model import Fallback, LoweredModel, LoweredOp, LowerOptions
 from pulsar.compiler.lower.placement import Unit, place, weight_dq_outputs
-from pulsar.compiler.lower.qdq_graph import QdqGraph, TensorType, is_q
+from pulsar.compiler.lower.qdq_graph import QdqGraph, TensorType
 from pulsar.compiler.lower.rules import INT_DOMAIN
 from pulsar.core.container import Subgraph
 from pulsar.errors import PulsarError
@@ -183,8 +183,8 @@ def lower_qdq_model(qmodel: onnx.ModelProto, options: LowerOptions | None = None
 
 
 def _lowered_op(u: Unit) -> LoweredOp:
-    compute = [n for n in u.nodes if not is_q(n)]
     assert u.ctx is not None
+    compute = [n for n in u.nodes if not u.ctx.g.is_q(n)]
     return LoweredOp([n.name for n in compute], [n.op_type for n in compute], [n.op_type for n in u.ctx.nodes])
 
 

@@ -20,8 +20,9 @@ import onnx
 from onnx import TensorProto
 
 from pulsar.compiler.lower.model import Fallback, LowerOptions, SubRange
-from pulsar.compiler.lower.qdq_graph import ACTIVATION_TYPES, QdqGraph, is_dq, is_q
+from pulsar.compiler.lower.qdq_graph import ACTIVATION_TYPES, QdqGraph
 from pulsar.compiler.lower.rules import LowerCtx, Operand, Unsupported, clamp_of, find_rule, relu_clip_bounds
+from pulsar.compiler.lower.rules.floating import lower_float
 from pulsar.compiler.lower.rules.lut import LUT_FUNCS, SCALAR_OPS, lower_lut_chain
 from pulsar.core.opdefs import fused_activations
 from pulsar.errors import PulsarError, did_you_mean
@@ -73,7 +74,7 @@ def classify(g: QdqGraph, name: str) -> tuple[Operand, onnx.NodeProto | None]:
     if name in g.inits:
         return Operand(name, "const", value=g.const(name)), None
     p = g.producer.get(name)
-    if p is not None and is_dq(p):
+    if p is not None and g.is_dq(p):
         q = g.qparams(p)
         if q is not None:
             if p.input[0] in g.inits:
@@ -122,7 +123,7 @@ def _output_chain(g: QdqGraph, node: onnx.NodeProto,
             if cur in g.output_names:
                 return f"output '{cur}' is a model output kept in float"
             users = g.consumers.get(cur, [])
-            if len(users) == 1 and is_q(users[0]) and users[0].input[0] == cur:
+            if len(users) == 1 and g.is_q(users[0]) and users[0].input[0] == cur:
                 qs.append(users[0])
                 break
             if len(outs) == 1 and len(users) == 1 and users[0].name not in cpu_nodes and _chainable(g, users[0], cur):
@@ -137,11 +138,14 @@ def _try_npu(g: QdqGraph, node: onnx.NodeProto, index: int, options: LowerOption
     op = node.op_type
     if options.npu_ops is not None and op not in options.npu_ops:
         return f"{op} is not in the NPU op list (npu_ops)"
+    classified = [classify(g, i) for i in node.input]
+    operands = [c[0] for c in classified]
+    float_unit = _try_float(g, node, index, classified)
+    if float_unit is not None:
+        return float_unit
     rule = find_rule(node)
     if rule is None:
         return f"{op} is not supported by the NPU; it runs in float on the CPU"
-    classified = [classify(g, i) for i in node.input]
-    operands = [c[0] for c in classified]
     manual = op in MANUAL_OPS
     for o in operands:
         if o.kind == "float":
@@ -191,6 +195,66 @@ def _try_npu(g: QdqGraph, node: onnx.NodeProto, index: int, options: LowerOption
     return Unit("npu", index, nodes, needs, [q.output[0] for q in qs], ctx, dqs)
 
 
+def _try_float(g: QdqGraph, node: onnx.NodeProto, index: int,
+               classified: list[tuple[Operand, onnx.NodeProto | None]]) -> Unit | str | None:
+    """The unit of an op of an FP16 / BF16 layer (an input or output on a float grid), why it stays on
+    the CPU, or None when the op is not a float layer's."""
+    operands = [c[0] for c in classified]
+    users = [g.consumers.get(o, []) for o in node.output if o]
+    out_qs = [u[0] if len(u) == 1 and g.is_q(u[0]) and u[0].input[0] == o else None
+              for u, o in zip(users, [o for o in node.output if o], strict=True)]
+    grids = [g.qparams(q) for q in out_qs if q is not None] + [o.q for o in operands if o.q is not None]
+    elem = next((q.elem_type for q in grids if q is not None and q.is_float), None)
+    if elem is None:
+        return None
+    if any(q is None for q in out_qs):
+        return "an output of a float-format layer is a model output kept in float, or read by several ops"
+    for o in operands:
+        if o.kind == "float":
+            return f"input '{o.name}' is not on an NPU grid (its producer runs in float on the CPU)"
+        if o.kind == "runtime":
+            return f"input '{o.name}' is computed at run time (the NPU needs it constant)"
+    outputs = []
+    for q in out_qs:
+        assert q is not None
+        qp = g.qparams(q)
+        if qp is None or not qp.per_tensor:
+            return f"output '{q.input[0]}' is not on a per-tensor grid"
+        if g.static_shape(q.input[0]) is None:
+            return f"the shape of '{q.input[0]}' is not static"
+        outputs.append(qp)
+    ctx = LowerCtx(node, g, operands, outputs, [(q.qmin, q.qmax) for q in outputs])
+    try:
+        lower_float(ctx, elem)
+    except Unsupported as exc:
+        return str(exc)
+    needs = list(dict.fromkeys(o.q.name for o in operands if o.kind == "act" and o.q is not None))
+    dqs = list({dq.name: dq for _, dq in classified if dq is not None}.values())
+    qs = [q for q in out_qs if q is not None]
+    return Unit("npu", index, [node, *qs], needs, [q.output[0] for q in qs], ctx, dqs)
+
+
+def _try_conversion(g: QdqGraph, node: onnx.NodeProto, index: int) -> Unit | None:
+    """The border of a float layer: a Cast to FP16 / BF16 of a dequantized integer tensor (``Dequantize``)
+    or a QuantizeLinear of a value rounded to FP16 / BF16 (``Quantize``), as an NPU unit; None for
+    any other Q."""
+    src, dq = classify(g, node.input[0])
+    out = g.qparams(node)
+    if out is None or src.kind != "act" or src.q is None or dq is None or not src.q.per_tensor \
+            or out.is_float == src.q.is_float or g.static_shape(node.input[0]) is None:
+        return None
+    if not out.is_float and out.elem_type not in ACTIVATION_TYPES:
+        return None
+    ctx = LowerCtx(node, g, [src], [out], [(out.qmin, out.qmax)])
+    if out.is_float:
+        ctx.emit("Dequantize", [src.q.name], [out.name], x_zp=src.q.zp, scale=float(np.float32(src.q.s)),
+                 to=out.elem_type)
+    else:
+        ctx.emit("Quantize", [src.q.name], [out.name], scale=float(np.float32(out.s)), out_zp=out.zp,
+                 out_min=out.qmin, out_max=out.qmax, to=out.elem_type)
+    return Unit("npu", index, [node], [src.q.name], [out.name], ctx, [dq])
+
+
 def weight_dq_outputs(g: QdqGraph) -> set[str]:
     """Outputs of the DequantizeLinear of constants: every body that reads one carries its DQ."""
     return {n.output[0] for n in g.graph.node if g.is_weight_dq(n) and n.output[0] not in g.output_names}
@@ -232,7 +296,7 @@ def range_nodes(g: QdqGraph, sub: SubRange) -> set[str]:
         if n is not None and n.name not in backward:
             backward.add(n.name)
             stack.extend(node_inputs(n))
-    return {n.name for n in g.graph.node if n.name in forward & backward and not is_q(n) and not is_dq(n)}
+    return {n.name for n in g.graph.node if n.name in forward & backward and not g.is_q(n) and not g.is_dq(n)}
 
 
 def sub_config_of(g: QdqGraph, subs: list[SubRange]) -> dict[str, int]:
@@ -264,7 +328,14 @@ def place(g: QdqGraph, options: LowerOptions) -> tuple[list[Unit], list[Fallback
     taken: set[str] = set()
     npu_readers: set[str] = set()
     for index, node in enumerate(order):
-        if node.name in taken or is_q(node) or is_dq(node):
+        if g.is_q(node) and node.name not in taken and options.cpu_nodes.get(node.name) is None:
+            conversion = _try_conversion(g, node, index)
+            if conversion is not None:
+                units.append(conversion)
+                taken.add(node.name)
+                npu_readers.add(node.name)
+                continue
+        if node.name in taken or g.is_q(node) or g.is_dq(node):
             continue
         sub = owner.get(node.name)
         decided = options.cpu_nodes.get(node.name)
@@ -277,7 +348,7 @@ def place(g: QdqGraph, options: LowerOptions) -> tuple[list[Unit], list[Fallback
             npu_readers.add(node.name)
             placement[node.name] = "npu"
             for n in decided.nodes[1:]:
-                if not is_q(n):
+                if not g.is_q(n):
                     placement[n.name] = "npu"
         else:
             units.append(_cpu_unit(g, node, index, pulled))
@@ -287,9 +358,9 @@ def place(g: QdqGraph, options: LowerOptions) -> tuple[list[Unit], list[Fallback
     for index, node in enumerate(order):
         if node.name in taken:
             continue
-        if is_q(node):
+        if g.is_q(node):
             units.append(_cpu_unit(g, node, index, pulled))
-        elif is_dq(node):
+        elif g.is_dq(node):
             out = node.output[0]
             if out in pulled:
                 continue

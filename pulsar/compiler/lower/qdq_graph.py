@@ -29,7 +29,11 @@ INT_RANGES: dict[int, tuple[int, int]] = {
     TensorProto.UINT16: (0, 65535),
     TensorProto.INT16: (-32768, 32767),
     TensorProto.INT32: (-(2**31), 2**31 - 1),
+    # float grids (FP16 / BF16 layers): the format's finite range, scale 1, no zero point
+    TensorProto.FLOAT16: (-65504, 65504),
+    TensorProto.BFLOAT16: (-(2**127) * 255 // 128, 2**127 * 255 // 128),
 }
+FLOAT_GRIDS = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 ACTIVATION_TYPES = (TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16, TensorProto.INT16)
 # unary ops of onnxruntime's domain whose output has its input's type and shape
 _MS_SHAPE_PRESERVING = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu")
@@ -77,8 +81,13 @@ class QParams:
 
     @property
     def bits(self) -> int:
-        return {TensorProto.UINT16: 16, TensorProto.INT16: 16, TensorProto.INT4: 4, TensorProto.UINT4: 4}.get(
-            self.elem_type, 8)
+        return {TensorProto.UINT16: 16, TensorProto.INT16: 16, TensorProto.INT4: 4, TensorProto.UINT4: 4,
+                TensorProto.FLOAT16: 16, TensorProto.BFLOAT16: 16}.get(self.elem_type, 8)
+
+    @property
+    def is_float(self) -> bool:
+        """A float grid (an FP16 / BF16 layer's tensor), written as a pair of Casts in the QDQ model."""
+        return self.elem_type in FLOAT_GRIDS
 
     @property
     def max_centered(self) -> int:
@@ -202,6 +211,30 @@ class QdqGraph:
         self.output_names = {o.name for o in self.graph.output}
         self.types = infer_types(model)
         self._consts: dict[str, np.ndarray] = {}
+        # Cast pairs standing for a float grid: Cast(to FP16 / BF16) is its "Q", the Cast back to FLOAT
+        # of such a Cast's output (or of an FP16 / BF16 initializer) its "DQ".
+        self.float_q: dict[str, int] = {}
+        self.float_dq: dict[str, int] = {}
+        for n in self.graph.node:
+            if n.op_type != "Cast" or n.domain not in DEFAULT_DOMAINS:
+                continue
+            to = next((int(a.i) for a in n.attribute if a.name == "to"), 0)
+            if to in FLOAT_GRIDS:
+                self.float_q[n.name] = to
+        made = {o: self.float_q[n.name] for n in self.graph.node if n.name in self.float_q for o in n.output}
+        made.update({t.name: t.data_type for t in self.graph.initializer if t.data_type in FLOAT_GRIDS})
+        for n in self.graph.node:
+            if n.op_type == "Cast" and n.domain in DEFAULT_DOMAINS and n.input and n.input[0] in made and \
+                    next((int(a.i) for a in n.attribute if a.name == "to"), 0) == TensorProto.FLOAT:
+                self.float_dq[n.name] = made[n.input[0]]
+
+    def is_q(self, node: onnx.NodeProto) -> bool:
+        """A QuantizeLinear or a float grid's Cast(to FP16 / BF16)."""
+        return is_q(node) or node.name in self.float_q
+
+    def is_dq(self, node: onnx.NodeProto) -> bool:
+        """A DequantizeLinear or a float grid's Cast back to FLOAT."""
+        return is_dq(node) or node.name in self.float_dq
 
     # ---------------------------------------------------------------- constants
     def const(self, name: str) -> np.ndarray | None:
@@ -214,11 +247,15 @@ class QdqGraph:
 
     def is_weight_dq(self, node: onnx.NodeProto) -> bool:
         """A DQ of a constant integer initializer (weight, bias, quantized constant operand)."""
-        return is_dq(node) and node.input[0] in self.inits
+        return self.is_dq(node) and node.input[0] in self.inits
 
     # ---------------------------------------------------------------- grids
     def qparams(self, node: onnx.NodeProto) -> QParams | None:
         """Grid of a Q node's output or a DQ node's input; None when it is not a plain linear grid."""
+        fmt = self.float_q.get(node.name) or self.float_dq.get(node.name)
+        if fmt:
+            name = node.output[0] if node.name in self.float_q else node.input[0]
+            return QParams(name, np.asarray(1.0), np.asarray(0, dtype=np.int64), fmt, None)
         if len(node.input) < 2 or any(a.name == "block_size" and a.i for a in node.attribute):
             return None
         scale = self.const(node.input[1])

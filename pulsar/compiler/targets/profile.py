@@ -37,7 +37,13 @@ class TargetProfile:
     ddr_bandwidth_gbps: float
     vector_ops_per_cycle_per_core: int
     op_overhead_cycles: int = 0
+    fp16_macs_per_cycle_per_core: int = 0   # 0: the NPU has no FP16 (FP16 layers are refused)
+    bf16_macs_per_cycle_per_core: int = 0
     source: str = ""
+
+    def float_macs_per_cycle(self, fmt: str) -> int:
+        """Per-core MAC rate of float format ``fmt`` (FP16 / BF16); 0 when the NPU lacks it."""
+        return {"FP16": self.fp16_macs_per_cycle_per_core, "BF16": self.bf16_macs_per_cycle_per_core}.get(fmt, 0)
 
     def macs_per_cycle(self, bits: int) -> int:
         """Per-core MAC rate for operands of ``bits`` (<= 8: int8 array, wider: int16 rate)."""
@@ -70,9 +76,12 @@ _NUMERIC: dict[str, tuple[bool, bool, str]] = {
     "ddr_bandwidth_gbps": (False, True, "DDR bandwidth in GB/s"),
     "vector_ops_per_cycle_per_core": (True, True, "8-bit elementwise operations per cycle of one core"),
     "op_overhead_cycles": (True, False, "fixed cycles each op costs (launch, DMA setup)"),
+    "fp16_macs_per_cycle_per_core": (True, False, "FP16 multiply-accumulates per cycle of one core (0: no FP16)"),
+    "bf16_macs_per_cycle_per_core": (True, False, "BF16 multiply-accumulates per cycle of one core (0: no BF16)"),
 }
 _TEXT = ("name", "description")
-_OPTIONAL = {"name", "description", "op_overhead_cycles"}
+_OPTIONAL = {"name", "description", "op_overhead_cycles", "fp16_macs_per_cycle_per_core",
+             "bf16_macs_per_cycle_per_core"}
 _ALLOWED = set(_NUMERIC) | set(_TEXT)
 
 

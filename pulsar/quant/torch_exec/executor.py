@@ -20,6 +20,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
+from pulsar.core.float_ops import FLOAT_FORMATS
 from pulsar.errors import PulsarError
 from pulsar.quant.graph import QuantGraph
 from pulsar.quant.scheme import TensorQuant
@@ -164,6 +165,9 @@ def _attrs(node: onnx.NodeProto, opset: int) -> dict[str, object]:
     return out
 
 
+_TORCH_FLOATS = {"FP16": torch.float16, "BF16": torch.bfloat16}
+
+
 class QuantExecutor:
     """Float or fake-quantized execution of a :class:`QuantGraph` in torch."""
 
@@ -205,7 +209,7 @@ class QuantExecutor:
         self._fixed: dict[str, Tensor] = {}
         self.acts: dict[str, ActQuant] = {}
         for name, tq in qg.params.items():
-            if tq.kind == "activation" and plan.dominator(name) == name:
+            if tq.kind == "activation" and plan.dominator(name) == name and tq.dtype not in FLOAT_FORMATS:
                 self.acts[name] = ActQuant(self._tensor(tq.scale))
 
     def _tensor(self, arr: np.ndarray | np.generic) -> Tensor:
@@ -234,6 +238,9 @@ class QuantExecutor:
 
     def _fq(self, name: str, x: Tensor) -> Tensor:
         tq: TensorQuant = self.qg.params[name]
+        if tq.dtype in FLOAT_FORMATS:  # an FP16 / BF16 layer's tensor: rounded to the format (straight through)
+            rounded = x.to(_TORCH_FLOATS[tq.dtype]).to(x.dtype)
+            return x + (rounded - x).detach()
         if tq.kind == "activation":
             y = fake_quant(x, self.act_scale(name), self._zero_point(name, tq), tq.qmin, tq.qmax, None)
             if self.drop and torch.is_grad_enabled():  # QDrop: some elements keep their float value

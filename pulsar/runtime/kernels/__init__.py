@@ -58,6 +58,7 @@ def supported_ops() -> set[str]:
 from pulsar.runtime.kernels import (  # noqa: E402, F401, I001
     conv,
     eltwise,
+    floating,
     layernorm,
     lut,
     matmul,
