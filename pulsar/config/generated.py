@@ -92,6 +92,12 @@ class LayerConfig:
     output_data_type: Literal["U8", "S8", "U16", "S16", "FP32"] | None = None
     """output precision when it differs from data_type"""
 
+    activation_symmetric: bool | None = None
+    """activation grids of the layers: true puts the zero point in the middle (0 for S8 / S16, 128 / 32768 for
+    U8 / U16: the range is symmetric around 0), false makes them affine (a zero point fitted to the range,
+    also for S8 / S16); left out: U8 / U16 affine, S8 / S16 symmetric
+    """
+
     weight_data_type: Literal["S4", "U4", "S8", "S16", "FP32"] | None = None
     """weight precision: S4 / S8 / S16 symmetric, U4 affine (a zero point per channel); 4-bit weights are
     stored two per byte in the compiled model

@@ -111,7 +111,7 @@ def resolve_layer_precision(layer_configs: Sequence[LayerConfig], model: onnx.Mo
             continue
         named, ops, ranged, whole = _selection(lc, i, model)
         prec = NodePrecision(lc.data_type or DEFAULT_DTYPE, lc.output_data_type, lc.weight_data_type, explicit=True,
-                             weight_granularity=lc.weight_granularity)
+                             weight_granularity=lc.weight_granularity, activation_symmetric=lc.activation_symmetric)
         for n in model.graph.node:
             rank = 4 if n.name in named else 3 if n.op_type in ops else (1 if whole else 2) if n.name in ranged else -1
             if rank < 0:
@@ -141,7 +141,7 @@ def resolve_layer_precision(layer_configs: Sequence[LayerConfig], model: onnx.Mo
 def weights_only_entry(lc: LayerConfig) -> bool:
     """An entry that sets the weights and leaves ``data_type`` out: the layers keep the activation
     precision chosen for them otherwise (U8, a preset's, another entry's)."""
-    return lc.data_type is None and lc.output_data_type is None and (
+    return lc.data_type is None and lc.output_data_type is None and lc.activation_symmetric is None and (
         lc.weight_data_type is not None or lc.weight_granularity is not None)
 
 
@@ -192,6 +192,8 @@ def show_layer_config_table(layer_configs: Sequence[LayerConfig], quiet: bool) -
         extra = [f"out {lc.output_data_type}"] if lc.output_data_type else []
         extra += [f"weights {lc.weight_data_type}"] if lc.weight_data_type else []
         extra += ["weights per tensor"] if lc.weight_granularity == "per_tensor" else []
+        if lc.activation_symmetric is not None:
+            extra += ["symmetric" if lc.activation_symmetric else "affine"]
         base = "weights only" if weights_only_entry(lc) else lc.data_type or DEFAULT_DTYPE
         rows.append((sel, base + (f" ({', '.join(extra)})" if extra else "")))
     show(table("Layer Config Table", ["Op Type / Layer name / Subgraph", "Precision"], rows), quiet=quiet)

@@ -53,6 +53,7 @@ class QuantPlan:
     dtypes: dict[str, str] = field(default_factory=dict)   # activation / constant -> U8 | S8 | U16 | S16
     shared: dict[str, str] = field(default_factory=dict)   # passive op output -> tensor whose scale it shares
     placement: dict[str, tuple[str, str]] = field(default_factory=dict)  # node -> (NPU | CPU, why)
+    symmetric: dict[str, bool] = field(default_factory=dict)   # activation -> forced grid shape (activation_symmetric)
     float_constants: dict[str, str] = field(default_factory=dict)  # constant of a float layer -> FP16 | BF16
     format_nodes: dict[str, str] = field(default_factory=dict)     # node of a float layer -> FP16 | BF16
     # the border of a float layer with integer grids: (node, input index, format) of an input it reads
@@ -144,13 +145,15 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
             return None
         return nxt if nxt.op_type in FUSED_ACTIVATIONS or is_unary_lut(nxt, inits) else None
 
-    def add_act(name: str, dtype: str) -> None:
+    def add_act(name: str, dtype: str, symmetric: bool | None = None) -> None:
         # A fused producer output (Conv feeding its Relu / Clip) lives only inside the fused op.
         if not name or name in inits or name in plan.fused or types.get(name) != FLOAT or dtype == "FP32":
             return
         if name not in plan.dtypes:
             plan.activations.append(name)
             plan.dtypes[name] = dtype
+            if symmetric is not None:  # the grid's shape, as the node that first needs the tensor asks
+                plan.symmetric[name] = symmetric
         elif float_format(plan.dtypes[name]) != float_format(dtype):
             # A float layer's output read by an integer op, or an integer output read by a float layer:
             # the tensor is on the integer grid, the float layer converts at its border.
@@ -183,7 +186,7 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
         if rule.passive:
             src = node.input[0]
             for out in node.output:
-                add_act(out, plan.dtypes[src])
+                add_act(out, plan.dtypes[src], plan.symmetric.get(src))
                 if optimize and out in plan.dtypes and plan.dtypes[out] == plan.dtypes[src]:
                     plan.shared[out] = src
             continue
@@ -215,7 +218,7 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
                     plan.constants.append(name)
                     plan.dtypes[name] = "S16" if BITS[prec.data_type] == 16 else "S8"
             else:
-                add_act(name, prec.data_type)
+                add_act(name, prec.data_type, prec.activation_symmetric)
         for out in node.output:
             nxt = fusion_target(out)
             if nxt is not None and rule.fusable_activation and nxt.op_type in FUSED_ACTIVATIONS \
@@ -230,9 +233,9 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
                     # The op and the table that follows are one NPU op; the value between them never
                     # leaves it and is kept at 16 bits.
                     plan.epilogues[out] = nxt.name
-                    add_act(out, prec.output if BITS[prec.output] == 16 else "U16")
+                    add_act(out, prec.output if BITS[prec.output] == 16 else "U16", prec.activation_symmetric)
                     continue
-            add_act(out, prec.output)
+            add_act(out, prec.output, prec.activation_symmetric)
     for node in g.node:  # where a float layer meets an integer grid, it converts (pulsar/core/float_ops.py)
         fmt = plan.format_nodes.get(node.name)
         if fmt is None:

@@ -160,7 +160,8 @@ def quant_params(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tupl
             params[name] = float_grid(name, plan.dtypes[name])
             continue
         lo, hi = ranges[name]
-        params[name] = fixed[name] if name in fixed else activation_quant(name, lo, hi, plan.dtypes[name])
+        params[name] = fixed[name] if name in fixed else activation_quant(name, lo, hi, plan.dtypes[name],
+                                                                                     plan.symmetric.get(name))
         if name in plan.shared:
             params[name].state, params[name].dominator = "OVERLAPPED", plan.dominator(name)
     for b in plan.biases:

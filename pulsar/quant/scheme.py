@@ -84,18 +84,23 @@ class TensorQuant:
         }
 
 
-def activation_quant(name: str, lo: float, hi: float, dtype: str = "U8") -> TensorQuant:
-    """Asymmetric (unsigned) or symmetric (signed) grid covering [lo, hi], zero exactly representable."""
+def activation_quant(name: str, lo: float, hi: float, dtype: str = "U8",
+                     symmetric: bool | None = None) -> TensorQuant:
+    """The grid covering [lo, hi] with zero exactly representable: affine (a zero point fitted to the
+    range) or symmetric (zero point 0 for signed types, the middle code for unsigned ones).
+    ``symmetric`` None: unsigned types affine, signed ones symmetric."""
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
-    qmin, qmax, signed, _ = DTYPES[dtype]
-    if signed:
+    qmin, qmax, signed, np_type = DTYPES[dtype]
+    symmetric = signed if symmetric is None else symmetric
+    if symmetric:
         t = max(abs(lo), abs(hi))
-        scale = max(t / qmax, MIN_SCALE)
-        return TensorQuant(name, dtype, np.float32(scale), np.array(0, dtype=DTYPES[dtype][3]), symmetric=True,
+        zp = 0 if signed else (qmax + 1) // 2
+        scale = max(t / (qmax - zp), MIN_SCALE)
+        return TensorQuant(name, dtype, np.float32(scale), np.array(zp, dtype=np_type), symmetric=True,
                            range=(lo, hi))
     scale = max((hi - lo) / (qmax - qmin), MIN_SCALE)
     zp = int(np.clip(np.round(qmin - lo / scale), qmin, qmax))
-    return TensorQuant(name, dtype, np.float32(scale), np.array(zp, dtype=DTYPES[dtype][3]), range=(lo, hi))
+    return TensorQuant(name, dtype, np.float32(scale), np.array(zp, dtype=np_type), range=(lo, hi))
 
 
 def float_grid(name: str, dtype: str, kind: str = "activation") -> TensorQuant:

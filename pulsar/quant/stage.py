@@ -15,6 +15,7 @@ from onnx import numpy_helper
 
 from pulsar.config.semantic import check_layer_configs
 from pulsar.context import BuildContext
+from pulsar.core.float_ops import float_format
 from pulsar.core.ort_errors import ort_guard
 from pulsar.core.ort_options import reference_session_options
 from pulsar.frontend.patch import apply_op_processors
@@ -228,11 +229,14 @@ def activation_ranges(stats: dict[str, Any], plan: QuantPlan, q: QuantConfig,
     by ``q.calibration_method``, then refined (unless ``q.disable_auto_refine_scale``)."""
     ranges: dict[str, tuple[float, float]] = {}
     own = [a for a in plan.activations if a not in plan.shared]
-    for dtype in sorted({plan.dtypes[a] for a in own}):
-        names = {a: stats[a] for a in own if plan.dtypes[a] == dtype}
+    def grid(a: str) -> tuple[str, bool]:  # dtype, symmetric (activation_symmetric, else: signed ones)
+        return plan.dtypes[a], plan.symmetric.get(a, DTYPES[plan.dtypes[a]][2])
+
+    for dtype, symmetric in sorted({grid(a) for a in own if not float_format(plan.dtypes[a])}):
+        names = {a: stats[a] for a in own if grid(a) == (dtype, symmetric)}
         signed = DTYPES[dtype][2]
         ranges.update(compute_ranges(names, q.calibration_method, num_bits=BITS[dtype], signed=signed,
-                                     symmetric=signed, percentile=q.calibration_percentile))
+                                     symmetric=symmetric, percentile=q.calibration_percentile))
     if not q.disable_auto_refine_scale:
         refine_input_ranges(model, plan, stats, ranges)
     mask_floor: dict[str, float] = {}
