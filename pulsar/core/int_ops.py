@@ -87,8 +87,10 @@ INT_OPS: dict[str, tuple[tuple[In, ...], dict[str, tuple[OpSchema.AttrType, bool
                    {"axis": (_I, False), "x_zp": (_I, False), "eps_q": (_I, False), "F": (_I, False)},
                    "layer normalization with an exact integer square root"),
     # the border of an FP16 / BF16 layer
-    "Dequantize": ((In("x", _NARROW),), {"x_zp": (_I, False), "scale": (_F, True)},
-                   "integers to a float format: (x - x_zp) * scale in float32, rounded once (`to` is the format)"),
+    "Dequantize": ((In("x", _WEIGHT), In("scales", ("float",), True), In("zero_points", _INT, True)),
+                   {"x_zp": (_I, False), "scale": (_F, False), "axis": (_I, False)},
+                   "integers to a float format: (x - zero point) * scale in float32, rounded once (`to` is the "
+                   "format); per tensor (attributes) or per channel along `axis` (inputs: a weight)"),
     "Quantize": ((In("x", _FLOAT),), {"scale": (_F, True)},
                  "a float format to integers: x / scale in float32, rounded half to even, + out_zp, saturated"),
 }

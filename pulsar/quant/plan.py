@@ -109,6 +109,8 @@ def _rule_for(node: onnx.NodeProto, prec: NodePrecision, plan: QuantPlan,
 
 # A float-format layer: every input is data (constants are stored in the format), nothing quantized.
 FLOAT_RULE = OpRule()
+# ops whose weights an FP16 / BF16 layer with an integer weight_data_type keeps integer (weight-only mode)
+WEIGHT_ONLY_OPS = ("MatMul", "Gemm")
 
 
 def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None = None, *,
@@ -174,9 +176,19 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
         if rule is FLOAT_RULE:
             fmt = prec.data_type if float_format(prec.data_type) else plan.dtypes[node.input[0]]
             plan.format_nodes[node.name] = fmt
-            for name in node.input:
+            weight_only = node.op_type in WEIGHT_ONLY_OPS and prec.weight_data_type not in (None, "FP32")
+            for i, name in enumerate(node.input):
                 if name in inits:
-                    if inits[name].data_type == FLOAT:
+                    if inits[name].data_type != FLOAT:
+                        continue
+                    rule_w = QUANT_OPS[node.op_type].weights if weight_only else {}
+                    if i in rule_w and name not in weight_names:
+                        # weight-only: integer weights, dequantized to the format on the NPU
+                        axis = rule_w[i](node, len(inits[name].dims))
+                        plan.weights.append(WeightUse(node.name, i, name, axis, prec.weights, prec.per_tensor_weights))
+                        weight_names.add(name)
+                        plan.float_reads.append((node.name, i, fmt))
+                    elif i not in rule_w:
                         plan.float_constants[name] = fmt
                 elif name and name not in plan.dtypes:
                     add_act(name, fmt)  # from a CPU op or a model input: enters in the format

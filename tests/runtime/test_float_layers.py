@@ -191,3 +191,23 @@ def test_an_op_without_a_float_kernel_stays_on_the_cpu_with_the_reason(tmp_path,
     res = pulsar.build(tiny["model"], tmp_path / "out", cfg, {"compiler.check": 2}, quiet=True)
     why = json.loads(res.quant_config.read_text())["nodes"]["gap"]
     assert "no FP16 kernel" in json.dumps(why)
+
+
+@pytest.mark.parametrize("weights", ["S4", "S8"])
+def test_weight_only_layers_keep_integer_weights(tmp_path, block, weights):
+    fp16 = [{"start_tensor_names": "DEFAULT", "end_tensor_names": "DEFAULT", "data_type": "FP16"}]
+    plain = _build(block, tmp_path / "fp16", fp16)
+    res = _build(block, tmp_path / weights, [{**fp16[0], "weight_data_type": weights}])
+    tensors = json.loads(res.quant_config.read_text())["tensors"]
+    assert sum(v["kind"] == "weight" and v["dtype"] == weights for v in tensors.values()) == 6  # the 6 MatMuls
+    ops = _npu_ops(res.compiled_model)
+    assert ops.count("Dequantize") == 6 and ops.count("MatMul") == 8 and not any(o.startswith("Q") for o in ops)
+    kinds = {t.data_type for t in onnx.load(res.compiled_model).graph.initializer}
+    assert (TensorProto.INT4 if weights == "S4" else TensorProto.INT8) in kinds
+    assert res.compiled_model.stat().st_size < plain.compiled_model.stat().st_size
+    for x in _samples(block)[:2]:
+        npu = pulsar.Session(res.compiled_model).run({"x": x})["y"]
+        assert np.array_equal(npu, pulsar.Session(res.compiled_model, mode="Reference").run({"x": x})["y"])
+        float_out = ort.InferenceSession(str(block["model"])).run(None, {"x": x})[0]
+        cos = float((npu * float_out).sum() / np.linalg.norm(npu) / np.linalg.norm(float_out))
+        assert cos > (0.98 if weights == "S4" else 0.999), cos

@@ -20,7 +20,7 @@ import onnx
 from onnx import TensorProto
 
 from pulsar.compiler.lower.model import Fallback, LowerOptions, SubRange
-from pulsar.compiler.lower.qdq_graph import ACTIVATION_TYPES, QdqGraph
+from pulsar.compiler.lower.qdq_graph import ACTIVATION_TYPES, QdqGraph, QParams
 from pulsar.compiler.lower.rules import LowerCtx, Operand, Unsupported, clamp_of, find_rule, relu_clip_bounds
 from pulsar.compiler.lower.rules.floating import lower_float
 from pulsar.compiler.lower.rules.lut import LUT_FUNCS, SCALAR_OPS, lower_lut_chain
@@ -240,6 +240,9 @@ def _try_conversion(g: QdqGraph, node: onnx.NodeProto, index: int) -> Unit | Non
     any other Q."""
     src, dq = classify(g, node.input[0])
     out = g.qparams(node)
+    if out is not None and out.is_float and src.kind == "qconst" and src.q is not None and not src.q.is_float \
+            and dq is not None and src.value is not None:
+        return _weight_conversion(g, node, index, src, out, dq)
     if out is None or src.kind != "act" or src.q is None or dq is None or not src.q.per_tensor \
             or out.is_float == src.q.is_float or g.static_shape(node.input[0]) is None:
         return None
@@ -253,6 +256,23 @@ def _try_conversion(g: QdqGraph, node: onnx.NodeProto, index: int) -> Unit | Non
         ctx.emit("Quantize", [src.q.name], [out.name], scale=float(np.float32(out.s)), out_zp=out.zp,
                  out_min=out.qmin, out_max=out.qmax, to=out.elem_type)
     return Unit("npu", index, [node], [src.q.name], [out.name], ctx, [dq])
+
+
+def _weight_conversion(g: QdqGraph, node: onnx.NodeProto, index: int, src: Operand, out: QParams,
+                       dq: onnx.NodeProto) -> Unit:
+    """The integer weight of a weight-only float layer, dequantized to its format on the NPU: the
+    integers stay in the compiled model (4-bit ones two per byte), scales per channel."""
+    assert src.q is not None
+    ctx = LowerCtx(node, g, [src], [out], [(out.qmin, out.qmax)])
+    weight = ctx.use_init(src.q.name)
+    if src.q.per_tensor:
+        ctx.emit("Dequantize", [weight], [out.name], x_zp=src.q.zp, scale=float(np.float32(src.q.s)),
+                 to=out.elem_type)
+    else:
+        scales = ctx.add_init("scales", src.q.scale.astype(np.float32))
+        zps = ctx.add_init("zero_points", src.q.zero_point.astype(np.int32)) if np.any(src.q.zero_point) else ""
+        ctx.emit("Dequantize", [weight, scales, zps], [out.name], axis=int(src.q.axis or 0), to=out.elem_type)
+    return Unit("npu", index, [node], [], [out.name], ctx, [dq])
 
 
 def weight_dq_outputs(g: QdqGraph) -> set[str]:

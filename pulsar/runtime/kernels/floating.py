@@ -168,12 +168,27 @@ def float_type(elem: int) -> type:
 
 @register("Dequantize", domain=INT_DOMAIN)
 def _dequantize(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kernel:
-    zp, scale, to = int(attrs.get("x_zp", 0)), F32(attrs["scale"]), float_type(int(attrs["to"]))
+    to = float_type(int(attrs["to"]))
+    scales = consts[1] if len(consts) > 1 else None
+    if scales is None:  # per tensor: an activation entering the layer
+        if "scale" not in attrs:
+            raise PulsarError("Dequantize needs the attribute 'scale' or a constant input 'scales'")
+        zp, scale = F32(int(attrs.get("x_zp", 0))), F32(attrs["scale"])
 
-    def run(inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-        x = np.asarray(inputs[0])
-        return [((x.astype(F32) - F32(zp)) * scale).astype(to)]
-    return run
+        def run(inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+            return [((np.asarray(inputs[0]).astype(F32) - zp) * scale).astype(to)]
+        return run
+    # per channel: a weight of a weight-only layer, dequantized once (it is a constant)
+    axis = int(attrs.get("axis", 0))
+    zps = consts[2] if len(consts) > 2 and consts[2] is not None else np.zeros(np.shape(scales), np.int32)
+
+    def run_channels(inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x = np.asarray(inputs[0]).astype(F32)
+        shape = [1] * x.ndim
+        shape[axis % x.ndim] = -1
+        s, z = np.asarray(scales, F32).reshape(shape), np.asarray(zps).astype(F32).reshape(shape)
+        return [((x - z) * s).astype(to)]
+    return run_channels
 
 
 @register("Quantize", domain=INT_DOMAIN)
