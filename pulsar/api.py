@@ -144,10 +144,10 @@ def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -
     with st.stage("frontend (graph optimization)"):
         ctx.model = run_frontend(ctx, original)
     with st.stage("quantization"):
-        qmodel = run_quant(ctx)
+        quantized = run_quant(ctx)
     with st.stage("compile"):
-        compiled = run_compiler(ctx, qmodel)
-        _run_compiled(ctx, qmodel, compiled)
+        compiled = run_compiler(ctx, quantized)
+        _run_compiled(ctx, quantized.qdq_model, compiled)
     if ctx.cfg.evaluation.metric:
         from pulsar.evaluation.evaluate import run_evaluation
 

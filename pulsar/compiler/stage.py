@@ -7,7 +7,6 @@ compiler.check (pulsar/runtime/check.py) and the NPUBackend precision analysis (
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from pulsar.compiler.trace import SUMMARY_COLUMNS, chrome_trace, summary_rows
 from pulsar.compiler.variants import Lowered, build_variants, merge, metadata_for
 from pulsar.context import BuildContext
 from pulsar.core.container import package, tensor_infos
+from pulsar.core.handoff import QuantResult
 from pulsar.core.variants import Variant
 from pulsar.frontend.processors import attach_input_processors, attach_output_processors
 from pulsar.quant.samples import calibration_normalization
@@ -88,20 +88,6 @@ def _show_sub_configs(lowered: LoweredModel, subs: list[SubRange]) -> None:
         log.info("sub_config %s (%s -> %s): NPU subgraph %s, %d ops, lut_items_in_bits %s", sub.name,
                  ", ".join(sub.start_tensor_names), ", ".join(sub.end_tensor_names), sg.name, len(sg.graph.node),
                  sub.options.get("lut_items_in_bits"))
-
-
-def _quant_placement(ctx: BuildContext) -> dict[str, tuple[str, str]] | None:
-    """node -> (NPU | CPU, why) as the quant stage placed it: its plan, handed over in memory by this
-    build's quant stage; read back from quant_config.json only when compiling the files of an earlier
-    build. None when neither exists."""
-    qg = ctx.quant_graph
-    if qg is not None:
-        return dict(qg.plan.placement)
-    try:
-        nodes = json.loads(ctx.path("quant", "quant_config.json").read_text())["nodes"]
-        return {name: (v["placement"], v.get("placement_reason", "")) for name, v in nodes.items()}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _show_placement(ctx: BuildContext, lowered: LoweredModel, qmodel: onnx.ModelProto, deployed: onnx.ModelProto,
@@ -186,7 +172,7 @@ class CompilerOutput:
     variants: dict[Variant, onnx.ModelProto] = dataclasses.field(default_factory=dict)
 
 
-def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> CompilerOutput:
+def run_compiler(ctx: BuildContext, quantized: QuantResult) -> CompilerOutput:
     """Lower the quantized graph to NPU integer programs and CPU subgraphs (per batch / shape variant),
     estimate, package."""
     cfg = ctx.cfg
@@ -200,9 +186,9 @@ def run_compiler(ctx: BuildContext, qmodel: onnx.ModelProto) -> CompilerOutput:
     }
     meta["processors"] = []
     subs = sub_ranges(cfg.compiler)
-    placement = _quant_placement(ctx)
+    qmodel, placement = quantized.qdq_model, dict(quantized.placement)
     # the quantization's CPU ops stay on the CPU (e.g. a manual op or an FP32 layer between quantized tensors)
-    cpu_nodes = {n: why for n, (device, why) in (placement or {}).items() if device == "CPU"}
+    cpu_nodes = quantized.cpu_nodes()
 
     def lower(model: onnx.ModelProto, notes: list[str] | None = None) -> tuple[onnx.ModelProto, LoweredModel]:
         deployed = attach_processors(ctx, model, notes)

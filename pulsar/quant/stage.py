@@ -16,6 +16,7 @@ from onnx import numpy_helper
 from pulsar.config.semantic import check_layer_configs
 from pulsar.context import BuildContext
 from pulsar.core.float_ops import float_format
+from pulsar.core.handoff import QuantResult
 from pulsar.core.ort_errors import ort_guard
 from pulsar.core.ort_options import reference_session_options
 from pulsar.frontend.patch import apply_op_processors
@@ -390,7 +391,7 @@ def run_easy_quant(ctx: BuildContext, qg: QuantGraph) -> None:
     log.info("easy quant: %d layers searched, %d scales changed", len(rows), len(changed))
 
 
-def run_quant(ctx: BuildContext) -> onnx.ModelProto:
+def run_quant(ctx: BuildContext) -> QuantResult:
     q = ctx.cfg.quant
     check_sample_dirs(ctx.cfg, ctx.model)
     check_finetune(ctx.model, q)  # before anything expensive: what fine-tuning can train
@@ -446,4 +447,4 @@ def run_quant(ctx: BuildContext) -> onnx.ModelProto:
         ctx.analysis_samples = list(islice(analysis_samples(ctx), NPU_ANALYSIS_SAMPLES))
     ctx.artifacts["quantized model (QDQ ONNX)"] = path
     ctx.artifacts["quant config (per tensor)"] = jpath
-    return qmodel
+    return QuantResult(qmodel, dict(qg.plan.placement))
