@@ -36,6 +36,13 @@ class BuildContext:
     # where the artifacts go when the build succeeds (output_dir is then the staging folder)
     final_output_dir: Path | None = None
 
+    @property
+    def float_model(self) -> onnx.ModelProto:
+        """The float model the stages after the frontend work on (the frontend sets ``model``)."""
+        if self.model is None:
+            raise RuntimeError("no float model yet: the frontend stage has not run")
+        return self.model
+
     def path(self, *parts: str) -> Path:
         return self.output_dir.joinpath(*parts)
 

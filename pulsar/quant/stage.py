@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx
@@ -148,7 +148,7 @@ def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: b
     with ort_guard(what, fix):
         qsess = ort.InferenceSession(qmodel.SerializeToString(), reference_session_options(),
                                      providers=["CPUExecutionProvider"])
-    fsess = ort.InferenceSession(ctx.model.SerializeToString(), reference_session_options(),
+    fsess = ort.InferenceSession(ctx.float_model.SerializeToString(), reference_session_options(),
                                  providers=["CPUExecutionProvider"])
     wanted = {i.name for i in qsess.get_inputs()}
     names = [o.name for o in qsess.get_outputs()]
@@ -167,7 +167,7 @@ def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: b
 def slice_warnings(ctx: BuildContext, qmodel: onnx.ModelProto, accs: dict[str, Accumulator]) -> list[str]:
     """One line per output axis whose grid flattens slices (:func:`flattened_slices`): which slices,
     how their values compare with the step, and the layer_configs entry that keeps them."""
-    producers = {o: n for n in ctx.model.graph.node for o in n.output}
+    producers = {o: n for n in ctx.float_model.graph.node for o in n.output}
     steps = output_steps(qmodel)
     lines = []
     for name, acc in accs.items():
@@ -198,8 +198,8 @@ def analysis_samples(ctx: BuildContext) -> Samples:
     input_processors; see :mod:`pulsar.quant.samples`."""
     sample_dir = ctx.cfg.quant.input_sample_dir
     if not sample_dir:
-        return ctx.calibration
-    return open_sample_dir("quant.input_sample_dir", sample_dir, ctx.cfg, ctx.model)
+        return cast("Samples", ctx.calibration)
+    return open_sample_dir("quant.input_sample_dir", sample_dir, ctx.cfg, ctx.float_model)
 
 
 def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str, Any]) -> None:
@@ -208,7 +208,7 @@ def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: di
     samples = analysis_samples(ctx)
     with progress_task(ctx.stages, f"precision analysis ({method} Reference, {len(samples)} sample{'s' if len(samples) != 1 else ''})",
                        len(samples)) as task:
-        rows = analyze(ctx.model, qmodel, samples, method=method, quant_json=qjson, progress=task)
+        rows = analyze(ctx.float_model, qmodel, samples, method=method, quant_json=qjson, progress=task)
     title = f"Quant Precision Table [{method} Reference]"
     show(precision_table(rows, title), quiet=ctx.quiet)
     tpath, mpath = ctx.path("quant", "debug", "precision_analysis_table.txt"), ctx.path("quant", "debug",
@@ -217,7 +217,7 @@ def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: di
     spath = ctx.path("quant", "debug", "precision_analysis_slices.txt")
     publish_slices(rows, spath, title, ctx.quiet)
     ctx.artifacts["precision analysis per slice"] = spath
-    write_mermaid(ctx.model, rows, mpath)
+    write_mermaid(ctx.float_model, rows, mpath)
     worst = ", ".join(f"{r.node} ({r.cosine:.4f})" for r in worst_rows(rows, 5))
     log.info("precision analysis: lowest cosine %s", worst)
     ctx.artifacts["precision analysis table"] = tpath
@@ -268,7 +268,7 @@ def activation_ranges(stats: dict[str, Any], plan: QuantPlan, q: QuantConfig,
 
 def show_placement(ctx: BuildContext, plan: QuantPlan) -> None:
     """Why each op runs where it does: CPU ops grouped by op type and reason, with the fix."""
-    ops = {n.name: n.op_type for n in ctx.model.graph.node}
+    ops = {n.name: n.op_type for n in ctx.float_model.graph.node}
     groups: dict[tuple[str, str], int] = {}
     for name, (device, why) in plan.placement.items():
         if device == "CPU":
@@ -312,7 +312,7 @@ def run_auto_mixed_precision(ctx: BuildContext, precision: dict[str, NodePrecisi
                              export_kw: dict[str, Any]) -> dict[str, NodePrecision]:
     """quant.auto_mixed_precision: raise the most sensitive layers to 16 bits within the budget and
     write the resulting layer_configs for the user to keep."""
-    amp, model = ctx.cfg.quant.auto_mixed_precision, ctx.model
+    amp, model = ctx.cfg.quant.auto_mixed_precision, ctx.float_model
     samples = list(islice(iter(ctx.calibration), amp.num_samples))
     ops = {n.name: n.op_type for n in model.graph.node}
     base = planned(model, precision, stats, ctx.cfg.quant)
@@ -358,7 +358,7 @@ def run_smooth_quant(ctx: BuildContext) -> None:
     q = ctx.cfg.quant
     n = len(ctx.calibration)
     with progress_task(ctx.stages, f"smooth quant: channel ranges ({n} sample{'s' if n != 1 else ''})", n) as task:
-        ctx.model, reports = apply_smooth_quant(ctx.model, counted(ctx.calibration, task),
+        ctx.model, reports = apply_smooth_quant(ctx.float_model, counted(ctx.calibration, task),
                                                 alpha=q.smooth_quant_strength, threshold=q.smooth_quant_threshold)
     rows = [(r.layer, r.op_type, f"{r.outlier_ratio:.1f}", "yes" if r.smoothed else "no",
              r.absorbed_into or "-", f"{r.max_scale:.3g}") for r in reports]
@@ -374,7 +374,7 @@ def run_easy_quant(ctx: BuildContext, qg: QuantGraph) -> None:
     into the quantized graph."""
     samples = list(islice(iter(ctx.calibration), 8))
     with progress_task(ctx.stages, f"easy quant: layer scale search ({len(samples)} sample{'s' if len(samples) != 1 else ''})", None) as task:
-        searched, rows = easy_quant(ctx.model, qg.to_qdq(), samples, progress=task)
+        searched, rows = easy_quant(ctx.float_model, qg.to_qdq(), samples, progress=task)
     changed = update_params(qg.params, searched)
     # the weights as the search rounded them (its own float32 division): the export keeps those integers
     inits = {t.name: t for t in searched.graph.initializer}
@@ -393,11 +393,11 @@ def run_easy_quant(ctx: BuildContext, qg: QuantGraph) -> None:
 
 def run_quant(ctx: BuildContext) -> QuantResult:
     q = ctx.cfg.quant
-    check_sample_dirs(ctx.cfg, ctx.model)
-    check_finetune(ctx.model, q)  # before anything expensive: what fine-tuning can train
+    check_sample_dirs(ctx.cfg, ctx.float_model)
+    check_finetune(ctx.float_model, q)  # before anything expensive: what fine-tuning can train
     if q.enable_smooth_quant:
         run_smooth_quant(ctx)
-    model = ctx.model
+    model = ctx.float_model
     data = ctx.calibration
     with ctx.stages.progress() as bar:
         task = bar.add_task(f"calibrating ({len(data)} sample{'s' if len(data) != 1 else ''})", total=len(data))
