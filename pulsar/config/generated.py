@@ -106,6 +106,12 @@ class LayerConfig:
     weight_granularity: Literal["per_channel", "per_tensor"] | None = None
     """one weight scale per output channel (default) or one for the whole tensor"""
 
+    weight_group_size: int | None = None
+    """weights in groups of this many along the input axis, each group its own scale: weight-only layers
+    (data_type FP16 / BF16 with an integer weight_data_type; MatMul / Gemm); the QDQ model is then written
+    at opset 21 (onnx's blocked DequantizeLinear)
+    """
+
 
 @dataclass(frozen=True)
 class AutoMixedPrecision:

@@ -88,9 +88,10 @@ INT_OPS: dict[str, tuple[tuple[In, ...], dict[str, tuple[OpSchema.AttrType, bool
                    "layer normalization with an exact integer square root"),
     # the border of an FP16 / BF16 layer
     "Dequantize": ((In("x", _WEIGHT), In("scales", ("float",), True), In("zero_points", _INT, True)),
-                   {"x_zp": (_I, False), "scale": (_F, False), "axis": (_I, False)},
+                   {"x_zp": (_I, False), "scale": (_F, False), "axis": (_I, False), "block_size": (_I, False)},
                    "integers to a float format: (x - zero point) * scale in float32, rounded once (`to` is the "
-                   "format); per tensor (attributes) or per channel along `axis` (inputs: a weight)"),
+                   "format); per tensor (attributes), per channel along `axis` or per block of `block_size` along it "
+                   "(inputs: a weight)"),
     "Quantize": ((In("x", _FLOAT),), {"scale": (_F, True)},
                  "a float format to integers: x / scale in float32, rounded half to even, + out_zp, saturated"),
 }

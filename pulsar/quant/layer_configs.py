@@ -111,7 +111,8 @@ def resolve_layer_precision(layer_configs: Sequence[LayerConfig], model: onnx.Mo
             continue
         named, ops, ranged, whole = _selection(lc, i, model)
         prec = NodePrecision(lc.data_type or DEFAULT_DTYPE, lc.output_data_type, lc.weight_data_type, explicit=True,
-                             weight_granularity=lc.weight_granularity, activation_symmetric=lc.activation_symmetric)
+                             weight_granularity=lc.weight_granularity, activation_symmetric=lc.activation_symmetric,
+                             weight_group_size=lc.weight_group_size)
         for n in model.graph.node:
             rank = 4 if n.name in named else 3 if n.op_type in ops else (1 if whole else 2) if n.name in ranged else -1
             if rank < 0:
@@ -192,6 +193,7 @@ def show_layer_config_table(layer_configs: Sequence[LayerConfig], quiet: bool) -
         extra = [f"out {lc.output_data_type}"] if lc.output_data_type else []
         extra += [f"weights {lc.weight_data_type}"] if lc.weight_data_type else []
         extra += ["weights per tensor"] if lc.weight_granularity == "per_tensor" else []
+        extra += [f"weight groups of {lc.weight_group_size}"] if lc.weight_group_size else []
         if lc.activation_symmetric is not None:
             extra += ["symmetric" if lc.activation_symmetric else "affine"]
         base = "weights only" if weights_only_entry(lc) else lc.data_type or DEFAULT_DTYPE

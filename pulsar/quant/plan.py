@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from pulsar.core.float_ops import FLOAT_FORMATS, FLOAT_OPS, float_format
+from pulsar.errors import PulsarError
 from pulsar.quant.ops import (
     FUSED_ACTIVATIONS,
     MANUAL_OPS,
@@ -30,6 +31,8 @@ class WeightUse:
     axis: int
     dtype: str = "S8"
     per_tensor: bool = False   # one scale for the tensor (layer_configs weight_granularity per_tensor)
+    group: int = 0             # > 0: a scale per group of this many along ``group_axis`` (weight_group_size)
+    group_axis: int = 0        # the input (reduction) axis of the weight
 
 
 @dataclass
@@ -113,6 +116,13 @@ FLOAT_RULE = OpRule()
 WEIGHT_ONLY_OPS = ("MatMul", "Gemm")
 
 
+def _input_axis(node: onnx.NodeProto, rank: int) -> int:
+    """The reduction axis of a MatMul / Gemm weight: K of [.., K, N], or of [N, K] under transB."""
+    if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
+        return 1
+    return max(rank - 2, 0)
+
+
 def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None = None, *,
               optimize: bool = True, ln_scale_dtype: str = "FP32") -> QuantPlan:
     """Walk the (shape-inferred) float graph once and classify every tensor.
@@ -184,8 +194,10 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
                     rule_w = QUANT_OPS[node.op_type].weights if weight_only else {}
                     if i in rule_w and name not in weight_names:
                         # weight-only: integer weights, dequantized to the format on the NPU
-                        axis = rule_w[i](node, len(inits[name].dims))
-                        plan.weights.append(WeightUse(node.name, i, name, axis, prec.weights, prec.per_tensor_weights))
+                        rank = len(inits[name].dims)
+                        axis = rule_w[i](node, rank)
+                        plan.weights.append(WeightUse(node.name, i, name, axis, prec.weights, prec.per_tensor_weights,
+                                                      prec.weight_group_size or 0, _input_axis(node, rank)))
                         weight_names.add(name)
                         plan.float_reads.append((node.name, i, fmt))
                     elif i not in rule_w:
@@ -216,6 +228,11 @@ def make_plan(model: onnx.ModelProto, precision: dict[str, NodePrecision] | None
                 if inits[name].data_type != FLOAT:
                     continue
                 if i in rule.weights:
+                    if prec.weight_group_size and prec.weights != "FP32":
+                        raise PulsarError(
+                            f"quant.layer_configs: layer '{node.name}' ({node.op_type}, {prec.data_type}) has a "
+                            f"weight_group_size; groups are for weight-only layers (data_type FP16 / BF16 with an "
+                            "integer weight_data_type): an integer layer accumulates per output channel")
                     if name not in weight_names and prec.weights != "FP32":
                         axis = rule.weights[i](node, len(inits[name].dims))
                         plan.weights.append(WeightUse(node.name, i, name, axis, prec.weights,

@@ -17,6 +17,7 @@ class NodePrecision:
     why: str | None = field(default=None, compare=False)  # a preset's reason, shown in the placement
     weight_granularity: str | None = None     # None: per_channel; per_tensor: one weight scale
     activation_symmetric: bool | None = None  # None: U* affine, S* symmetric; True / False: forced
+    weight_group_size: int | None = None      # weight-only layers: a scale per group along the input axis
 
     @property
     def output(self) -> str:
@@ -33,4 +34,5 @@ class NodePrecision:
     def widened(self, data_type: str, why: str) -> NodePrecision:
         """This precision with wider activations (a preset's), its weight choices kept."""
         return NodePrecision(data_type, weight_data_type=self.weight_data_type, why=why,
-                             weight_granularity=self.weight_granularity, activation_symmetric=self.activation_symmetric)
+                             weight_granularity=self.weight_granularity, activation_symmetric=self.activation_symmetric,
+                             weight_group_size=self.weight_group_size)

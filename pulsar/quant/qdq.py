@@ -14,9 +14,10 @@ from collections import defaultdict
 import ml_dtypes
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, version_converter
 
 from pulsar.core.float_ops import FLOAT_FORMATS, float_format
+from pulsar.errors import PulsarError
 from pulsar.quant.plan import QuantPlan
 from pulsar.quant.scheme import (
     BITS,
@@ -27,6 +28,7 @@ from pulsar.quant.scheme import (
     float_grid,
     requantize,
     weight_quant,
+    weight_quant_blocked,
 )
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,10 @@ WIDE_DOMAIN = "com.microsoft"
 
 
 def _qdq_domain(tq: TensorQuant) -> str:
-    # 4-bit types enter the standard DequantizeLinear only at opset 21, like 16-bit ones
+    # 4-bit types enter the standard DequantizeLinear only at opset 21, like 16-bit ones; blocked grids
+    # exist only there (the model is then written at opset 21)
+    if tq.block_size:
+        return ""
     return WIDE_DOMAIN if BITS[tq.dtype] in (4, 16) else ""
 
 
@@ -52,6 +57,8 @@ def _qdq_domain(tq: TensorQuant) -> str:
 _PACKED = {"S4": ml_dtypes.int4, "U4": ml_dtypes.uint4}
 # the first IR version with INT4 / UINT4 tensors
 INT4_IR_VERSION = 10
+# the first opset whose DequantizeLinear takes blocks (block_size)
+BLOCKED_OPSET = 21
 
 
 def stored(tq: TensorQuant, q: np.ndarray) -> np.ndarray:
@@ -66,6 +73,8 @@ def _qdq_nodes(g: onnx.GraphProto, src: str, dst: str, tq: TensorQuant, *, quant
     _init(g, f"{tq.name}/scale", np.asarray(tq.scale, dtype=np.float32))
     _init(g, f"{tq.name}/zero_point", stored(tq, np.asarray(tq.zero_point, dtype=tq.np_dtype)))
     axis = [helper.make_attribute("axis", tq.axis)] if tq.axis is not None else []
+    if tq.block_size:
+        axis.append(helper.make_attribute("block_size", tq.block_size))
     q_out = f"{tq.name}/q"
     if quantize:
         qn = helper.make_node("QuantizeLinear", [src, f"{tq.name}/scale", f"{tq.name}/zero_point"], [q_out],
@@ -145,6 +154,10 @@ def quant_params(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tupl
             params[w.tensor] = fixed[w.tensor]
         else:
             arr = numpy_helper.to_array(inits[w.tensor])
+            if w.group:
+                params[w.tensor] = weight_quant_blocked(w.tensor, arr, w.group_axis, w.group, w.dtype,
+                                                        refine_weight_threshold)[0]
+                continue
             params[w.tensor] = weight_quant(w.tensor, arr, None if w.per_tensor else w.axis, w.dtype,
                                             refine_threshold=refine_weight_threshold)[0]
     for name in plan.constants:
@@ -204,6 +217,16 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, params: dict[str, Tensor
     integers and dequantized, activations quantized and dequantized where they are produced)."""
     qmodel = onnx.ModelProto()
     qmodel.CopyFrom(model)
+    opset = next((o.version for o in qmodel.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if any(t.block_size for t in params.values()) and opset < BLOCKED_OPSET:
+        try:
+            qmodel = version_converter.convert_version(qmodel, BLOCKED_OPSET)  # blocked DequantizeLinear
+        except Exception as exc:  # onnx's converter raises its own error types
+            raise PulsarError(f"quant.layer_configs weight_group_size: the QDQ model must be at opset "
+                              f"{BLOCKED_OPSET} for grouped weights, and onnx cannot convert this model from opset "
+                              f"{opset} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); use "
+                              "per-channel weights (leave weight_group_size out)") from None
+        qmodel.ir_version = max(qmodel.ir_version, INT4_IR_VERSION)
     g = qmodel.graph
     inits = {t.name: t for t in g.initializer}
 

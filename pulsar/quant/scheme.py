@@ -51,6 +51,8 @@ class TensorQuant:
     range: tuple[float, float] | None = None  # calibrated float range (activations)
     dominator: str | None = None     # tensor whose scale this one shares
     extra: dict[str, Any] = field(default_factory=dict)
+    block_size: int = 0              # > 0: a scale per block of this many along ``axis`` (scale: the
+                                     # tensor's shape with that axis divided by it; onnx's blocked grids)
 
     @property
     def qmin(self) -> int:
@@ -80,6 +82,7 @@ class TensorQuant:
             "zero_point": np.asarray(self.zero_point).astype(np.int64).tolist(),
             "range": list(self.range) if self.range is not None else None,
             "dominator": self.dominator or self.name,
+            **({"block_size": self.block_size} if self.block_size else {}),
             **self.extra,
         }
 
@@ -167,6 +170,27 @@ def weight_quant(name: str, w: np.ndarray, axis: int | None, dtype: str = "S8",
     return tq, q
 
 
+def weight_quant_blocked(name: str, w: np.ndarray, axis: int, block: int, dtype: str,
+                         refine_threshold: float = 1e-6) -> tuple[TensorQuant, np.ndarray]:
+    """Weights with one scale per block of ``block`` consecutive elements along ``axis`` (the input /
+    reduction axis: each output channel's inputs in groups), each block's grid chosen as
+    :func:`weight_quant` chooses a channel's."""
+    if w.shape[axis] % block:
+        raise PulsarError(f'initializer "{name}": weight_group_size {block} does not divide its {w.shape[axis]} '
+                          f"inputs (axis {axis}); pick a divisor of {w.shape[axis]}")
+    moved = np.moveaxis(np.asarray(w), axis, 0)                       # [K, ...rest]
+    rest = moved.shape[1:]
+    blocks = moved.reshape(moved.shape[0] // block, block, -1)         # [K/G, G, R]
+    rows = blocks.transpose(0, 2, 1).reshape(-1, block)                # one row per (block, output element)
+    tq, q_rows = weight_quant(name, rows, 0, dtype, refine_threshold)
+    nb = moved.shape[0] // block
+    scale = np.moveaxis(np.asarray(tq.scale).reshape(nb, *rest), 0, axis)
+    zp = np.moveaxis(np.asarray(tq.zero_point).reshape(nb, *rest), 0, axis)
+    q = np.moveaxis(q_rows.reshape(nb, -1, block).transpose(0, 2, 1).reshape(moved.shape), 0, axis)
+    return TensorQuant(name, dtype, scale.astype(np.float32), zp, axis=axis, symmetric=tq.symmetric, kind="weight",
+                       block_size=block), q
+
+
 CLIP_RATIOS = np.linspace(0.3, 1.0, 36)
 
 
@@ -236,8 +260,17 @@ def bias_quant(name: str, b: np.ndarray, in_scale: float, w_scale: np.ndarray) -
     return tq, q
 
 
+def expanded(tq: TensorQuant, values: np.ndarray) -> np.ndarray:
+    """A blocked grid's per-block ``values`` (scales, zero points) repeated to the tensor's shape."""
+    assert tq.axis is not None
+    return np.repeat(np.asarray(values), tq.block_size, axis=tq.axis)
+
+
 def requantize(tq: TensorQuant, arr: np.ndarray) -> np.ndarray:
-    """Integers of ``arr`` on the grid of ``tq`` (per channel along ``tq.axis``)."""
+    """Integers of ``arr`` on the grid of ``tq`` (per channel along ``tq.axis``, or per block)."""
+    if tq.block_size:
+        scale, zp = expanded(tq, tq.scale).astype(np.float64), expanded(tq, tq.zero_point).astype(np.float64)
+        return np.clip(np.round(arr.astype(np.float64) / scale) + zp, tq.qmin, tq.qmax).astype(tq.np_dtype)
     shape = [1] * arr.ndim
     if tq.axis is not None:
         shape[tq.axis] = -1

@@ -176,12 +176,9 @@ def test_masked_range_saturates_below_the_scores() -> None:
 def test_layer_configs_name_beats_the_mask_preset() -> None:
     model = _hf_mul()
 
-    class Entry:  # the fields resolve_layer_precision reads
-        layer_name, layer_names, op_type, op_types = "add_mask", None, None, None
-        start_tensor_names = end_tensor_names = None
-        data_type, output_data_type, weight_data_type, weight_granularity = "U16", None, None, None
+    from pulsar.config.generated import LayerConfig
 
-    prec = resolve_layer_precision([Entry()], model)
+    prec = resolve_layer_precision([LayerConfig(layer_name="add_mask", data_type="U16")], model)
     assert prec["add_mask"].data_type == "U16" and prec["scale"].data_type == "FP32"
 
 

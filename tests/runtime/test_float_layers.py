@@ -211,3 +211,46 @@ def test_weight_only_layers_keep_integer_weights(tmp_path, block, weights):
         float_out = ort.InferenceSession(str(block["model"])).run(None, {"x": x})[0]
         cos = float((npu * float_out).sum() / np.linalg.norm(npu) / np.linalg.norm(float_out))
         assert cos > (0.98 if weights == "S4" else 0.999), cos
+
+
+def test_grouped_weights_of_weight_only_layers(tmp_path, block):
+    entry = {"start_tensor_names": "DEFAULT", "end_tensor_names": "DEFAULT", "data_type": "FP16",
+             "weight_data_type": "S4"}
+    per_channel = _build(block, tmp_path / "channel", [entry])
+    res = _build(block, tmp_path / "g8", [{**entry, "weight_group_size": 8}])
+    qdq = onnx.load(res.quantized_model)
+    assert next(o.version for o in qdq.opset_import if o.domain == "") == 21  # blocked DequantizeLinear
+    blocked = [n for n in qdq.graph.node if n.op_type == "DequantizeLinear"
+               and any(a.name == "block_size" and a.i == 8 for a in n.attribute)]
+    assert len(blocked) == 6
+    tensors = json.loads(res.quant_config.read_text())["tensors"]
+    wq = tensors["wq"]
+    assert wq["block_size"] == 8 and np.shape(wq["scale"]) == (D // 8, D)
+    body_attrs = [{a.name: helper.get_attribute_value(a) for a in n.attribute}
+                  for sg in load_compiled(res.compiled_model).subgraphs if sg.kind == "npu"
+                  for n in sg.graph.node if n.op_type == "Dequantize"]
+    assert sum(a.get("block_size") == 8 for a in body_attrs) == 6
+    errs = []
+    for x in _samples(block)[:3]:
+        npu = pulsar.Session(res.compiled_model).run({"x": x})["y"]
+        assert np.array_equal(npu, pulsar.Session(res.compiled_model, mode="Reference").run({"x": x})["y"])
+        float_out = ort.InferenceSession(str(block["model"])).run(None, {"x": x})[0]
+        coarse = pulsar.Session(per_channel.compiled_model).run({"x": x})["y"]
+        errs.append((np.abs(npu - float_out).mean(), np.abs(coarse - float_out).mean()))
+    assert sum(e for e, _ in errs) < sum(c for _, c in errs)  # groups of 8 beat one scale per channel
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"op_type": "MatMul", "weight_data_type": "S4", "weight_group_size": 8, "data_type": "U8"},
+     "groups are for weight-only layers"),
+    ({"op_type": "MatMul", "weight_data_type": "S4", "weight_group_size": 5, "data_type": "FP16"},
+     "weight_group_size 5 does not divide"),
+])
+def test_group_size_mistakes_are_one_error_line(tmp_path, block, entry, message):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"quant": {**block["config"]["quant"], "layer_configs": [entry]}}))
+    proc = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(block["model"]), "--config",
+                           str(cfg), "--output_dir", str(tmp_path / "out")], capture_output=True, text=True)
+    err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(err) == 1 and message in err[0], proc.stderr[-1500:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out" / "compiled.pulsar").exists()

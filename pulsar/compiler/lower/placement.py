@@ -271,7 +271,9 @@ def _weight_conversion(g: QdqGraph, node: onnx.NodeProto, index: int, src: Opera
     else:
         scales = ctx.add_init("scales", src.q.scale.astype(np.float32))
         zps = ctx.add_init("zero_points", src.q.zero_point.astype(np.int32)) if np.any(src.q.zero_point) else ""
-        ctx.emit("Dequantize", [weight, scales, zps], [out.name], axis=int(src.q.axis or 0), to=out.elem_type)
+        blocked = {"block_size": src.q.block_size} if src.q.block_size else {}
+        ctx.emit("Dequantize", [weight, scales, zps], [out.name], axis=int(src.q.axis or 0), to=out.elem_type,
+                 **blocked)
     return Unit("npu", index, [node], [], [out.name], ctx, [dq])
 
 

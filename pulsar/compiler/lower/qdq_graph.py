@@ -56,6 +56,7 @@ class QParams:
     zero_point: np.ndarray  # int64, the shape of ``scale``
     elem_type: int         # TensorProto elem type of the integer tensor
     axis: int | None       # per-channel axis (None: per tensor)
+    block_size: int = 0    # > 0: blocked along ``axis`` (scale: the tensor's shape with that axis / block_size)
 
     @property
     def per_tensor(self) -> bool:
@@ -256,8 +257,9 @@ class QdqGraph:
         if fmt:
             name = node.output[0] if node.name in self.float_q else node.input[0]
             return QParams(name, np.asarray(1.0), np.asarray(0, dtype=np.int64), fmt, None)
-        if len(node.input) < 2 or any(a.name == "block_size" and a.i for a in node.attribute):
+        if len(node.input) < 2:
             return None
+        block = next((int(a.i) for a in node.attribute if a.name == "block_size"), 0)
         scale = self.const(node.input[1])
         if scale is None:
             return None
@@ -272,7 +274,7 @@ class QdqGraph:
             zero_point = np.zeros(scale.shape, dtype=np.int64)
             elem_type = _zero_point_type(node, self.inits) if is_q(node) else \
                 self.elem_type(node.input[0]) or TensorProto.UINT8
-        if elem_type not in INT_RANGES or scale.ndim > 1 or zero_point.shape != scale.shape:
+        if elem_type not in INT_RANGES or (scale.ndim > 1 and not block) or zero_point.shape != scale.shape:
             return None
         if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
             return None
@@ -285,7 +287,7 @@ class QdqGraph:
         if scale.size == 1:
             axis = None
         name = node.output[0] if is_q(node) else node.input[0]
-        return QParams(name, scale, zero_point, elem_type, axis)
+        return QParams(name, scale, zero_point, elem_type, axis, block)
 
     # ---------------------------------------------------------------- types
     def elem_type(self, name: str) -> int | None:

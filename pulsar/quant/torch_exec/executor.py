@@ -23,7 +23,7 @@ from onnx import helper, numpy_helper
 from pulsar.core.float_ops import FLOAT_FORMATS
 from pulsar.errors import PulsarError
 from pulsar.quant.graph import QuantGraph
-from pulsar.quant.scheme import TensorQuant
+from pulsar.quant.scheme import TensorQuant, expanded, requantize
 from pulsar.quant.torch_exec.fake_quant import (
     fake_quant,
     floor_ste,
@@ -197,7 +197,7 @@ class QuantExecutor:
         self.weights: dict[str, WeightQuant] = {}
         for w in plan.weights:
             tq = qg.params.get(w.tensor)
-            if tq is not None:
+            if tq is not None and not tq.block_size:  # blocked (grouped) weights are not trained
                 self.weights[w.tensor] = WeightQuant(self.consts[w.tensor], self._tensor(tq.scale),
                                                      self._tensor(np.asarray(tq.zero_point, np.float32)),
                                                      tq.qmin, tq.qmax, tq.axis)
@@ -248,6 +248,13 @@ class QuantExecutor:
             return y
         if name in self.weights:
             return self.weights[name].quantized()
+        if tq.block_size:  # a grouped weight: its values on the blocked grid, fixed
+            fixed_w = self._fixed.get(name)
+            if fixed_w is None:
+                q = requantize(tq, x.detach().cpu().numpy())
+                real = (q.astype(np.float64) - expanded(tq, tq.zero_point)) * expanded(tq, tq.scale)
+                fixed_w = self._fixed[name] = self._tensor(real.astype(np.float32))
+            return fixed_w
         if tq.kind == "bias":
             act, w = self.bias_of[name]
             scale = self.act_scale(act) * self.weights[w].scale()

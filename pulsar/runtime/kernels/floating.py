@@ -179,14 +179,18 @@ def _dequantize(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kerne
             return [((np.asarray(inputs[0]).astype(F32) - zp) * scale).astype(to)]
         return run
     # per channel: a weight of a weight-only layer, dequantized once (it is a constant)
-    axis = int(attrs.get("axis", 0))
+    axis, block = int(attrs.get("axis", 0)), int(attrs.get("block_size", 0))
     zps = consts[2] if len(consts) > 2 and consts[2] is not None else np.zeros(np.shape(scales), np.int32)
 
     def run_channels(inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         x = np.asarray(inputs[0]).astype(F32)
-        shape = [1] * x.ndim
-        shape[axis % x.ndim] = -1
-        s, z = np.asarray(scales, F32).reshape(shape), np.asarray(zps).astype(F32).reshape(shape)
+        if block:  # a scale per block of `block` along `axis` (scales: x's shape with that axis / block)
+            s = np.repeat(np.asarray(scales, F32), block, axis=axis % x.ndim)
+            z = np.repeat(np.asarray(zps).astype(F32), block, axis=axis % x.ndim)
+        else:
+            shape = [1] * x.ndim
+            shape[axis % x.ndim] = -1
+            s, z = np.asarray(scales, F32).reshape(shape), np.asarray(zps).astype(F32).reshape(shape)
         return [((x - z) * s).astype(to)]
     return run_channels
 
