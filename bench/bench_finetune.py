@@ -576,6 +576,11 @@ def with_layer_configs(config: dict, entries: list[dict] | None) -> dict:
     return {**config, "quant": quant}
 
 
+def with_target(config: dict, target: str | None) -> dict:
+    """``config`` built for target profile ``target`` (None: the config's)."""
+    return {**config, "target_hardware": target} if target else config
+
+
 def _entries(text: str) -> list[dict]:
     """--layer-configs: a JSON list of layer_configs entries, or @path of a JSON file holding one."""
     value = json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
@@ -600,7 +605,8 @@ def bench_target(t: Target, work: Path, args: argparse.Namespace) -> tuple[list[
         start = time.perf_counter()
         try:
             res = pulsar.build(input=str(t.float_model), output_dir=str(out_dir),
-                               config=with_layer_configs(with_weights(t.config, args.weights), args.layer_configs),
+                               config=with_target(with_layer_configs(with_weights(t.config, args.weights),
+                                                                     args.layer_configs), args.target),
                                overrides=_overrides(algo, args, t.finetune), quiet=True)
         except Exception as exc:  # one failing build must not hide the others' figures
             rows.append(Row(t.key, algo, note=f"build failed: {first_line(exc)}"))
@@ -856,6 +862,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="print tracebacks of failures")
     parser.add_argument("--layer-configs", type=_entries,
                         help="quant.layer_configs entries appended to every build: a JSON list, or @file.json")
+    parser.add_argument("--target", help="target_hardware of every build (a built-in name or a profile file)")
     parser.add_argument("--weights", choices=["S4", "U4", "S8", "S16"],
                         help="weight_data_type of every weight (default: the config's, S8)")
     args = parser.parse_args(argv)
