@@ -10,17 +10,12 @@ onnxruntime runs as exactly that rounding.
 
 from __future__ import annotations
 
-import ml_dtypes
-import numpy as np
-from onnx import TensorProto
-
+from pulsar.core.dtypes import DATA_TYPES
 from pulsar.core.opdefs import float_layer_ops
 
 # data_type -> (onnx element type, numpy type)
-FLOAT_FORMATS: dict[str, tuple[int, type]] = {
-    "FP16": (TensorProto.FLOAT16, np.float16),
-    "BF16": (TensorProto.BFLOAT16, ml_dtypes.bfloat16),
-}
+FLOAT_FORMATS: dict[str, tuple[int, type]] = {n: (t.onnx_type, t.compute) for n, t in DATA_TYPES.items()
+                                             if t.is_float}
 FORMAT_OF_ELEM = {elem: name for name, (elem, _) in FLOAT_FORMATS.items()}
 
 # Standard ops the NPU runs in a float format: the registry's float_layer flag (pulsar/core/opdefs.py);

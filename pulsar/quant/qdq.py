@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper, version_converter
 
+from pulsar.core.dtypes import DATA_TYPES
 from pulsar.core.float_ops import FLOAT_FORMATS, float_format
 from pulsar.errors import PulsarError
 from pulsar.quant.plan import QuantPlan
@@ -54,7 +54,7 @@ def _qdq_domain(tq: TensorQuant) -> str:
 
 
 # 4-bit integers: computed in int8 / uint8 arrays, stored as onnx INT4 / UINT4 (two per byte)
-_PACKED = {"S4": ml_dtypes.int4, "U4": ml_dtypes.uint4}
+_PACKED = {n: helper.tensor_dtype_to_np_dtype(t.onnx_type) for n, t in DATA_TYPES.items() if t.packed}
 # the first IR version with INT4 / UINT4 tensors
 INT4_IR_VERSION = 10
 # the first opset whose DequantizeLinear takes blocks (block_size)

@@ -12,26 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from pulsar.core.dtypes import DATA_TYPES
 from pulsar.errors import PulsarError
 
-DTYPES: dict[str, tuple[int, int, bool, type]] = {
-    # name: (quant_min, quant_max, signed, numpy dtype the integers are computed in); 4-bit values
-    # are held in 8-bit arrays and stored as onnx INT4 / UINT4 (two per byte) by the exports
-    "S4": (-8, 7, True, np.int8),
-    "U4": (0, 15, False, np.uint8),
-    "U8": (0, 255, False, np.uint8),
-    "S8": (-128, 127, True, np.int8),
-    "U16": (0, 65535, False, np.uint16),
-    "S16": (-32768, 32767, True, np.int16),
-    "S32": (-(2**31), 2**31 - 1, True, np.int32),
-    # float grids of FP16 / BF16 layers (pulsar/core/float_ops.py): the format's finite range, no scale
-    "FP16": (-65504, 65504, True, np.float16),
-    "BF16": (-(2**127) * 255 // 128, 2**127 * 255 // 128, True, ml_dtypes.bfloat16),
-}
-BITS = {"FP16": 16, "BF16": 16, "S4": 4, "U4": 4, "U8": 8, "S8": 8, "U16": 16, "S16": 16, "S32": 32}
+# name -> (quant_min, quant_max, signed, numpy type the values are computed in) and name -> bits: views
+# of the data types (pulsar/core/dtypes.py); 4-bit values are held in 8-bit arrays and stored as onnx
+# INT4 / UINT4 (two per byte) by the exports
+DTYPES: dict[str, tuple[int, int, bool, type]] = {n: (t.qmin, t.qmax, t.signed, t.compute)
+                                                  for n, t in DATA_TYPES.items()}
+BITS = {n: t.bits for n, t in DATA_TYPES.items()}
 
 MIN_SCALE = 1e-12
 
