@@ -266,3 +266,23 @@ def test_a_4bit_qat_model_imports_and_runs_bit_exactly_in_both_modes(tmp_path, t
         ref, npu = _both_modes(res.compiled_model, x)
         assert np.array_equal(ref, expected)
         assert np.array_equal(npu, expected)
+
+
+def test_the_cost_model_reads_half_a_byte_per_4bit_weight(tmp_path, tiny, tiny_config):
+    from pulsar.compiler.cost import estimate_model
+    from pulsar.core.container import load_compiled
+
+    def weight_bytes(res: pulsar.BuildResult, kind: str) -> int:
+        est = estimate_model(load_compiled(res.compiled_model).subgraphs, "VNPU-M")
+        return sum(op.workload.weight_bytes for sg in est.subgraphs for op in sg.ops if op.op_type == kind)
+
+    w8 = _build(tiny, tiny_config, tmp_path / "w8", [])
+    w4 = _build(tiny, tiny_config, tmp_path / "w4", [_weights_entry("S4")])
+    for kind in ("QConv", "QMatMul"):
+        # the weights halve; multipliers, shifts and biases (int32) stay
+        assert 0 < weight_bytes(w4, kind) < weight_bytes(w8, kind)
+    est8, est4 = (estimate_model(load_compiled(r.compiled_model).subgraphs, "VNPU-M") for r in (w8, w4))
+    conv = [(a.workload.weight_bytes, b.workload.weight_bytes) for a, b in
+            zip(est8.subgraphs[0].ops, est4.subgraphs[0].ops, strict=True) if a.op_type == "QConv"]
+    w_elems = [8 * 3 * 3 * 3, 8 * 1 * 3 * 3, 8 * 8]  # conv1, dwconv, conv2 weights
+    assert [b8 - b4 for b8, b4 in conv] == [n - (n + 1) // 2 for n in w_elems]
