@@ -51,14 +51,16 @@ _I, _IS = _ATTR.INT, _ATTR.INTS
 GRID = {"to": (_I, True), "out_zp": (_I, False), "out_min": (_I, False), "out_max": (_I, False)}
 _CONV = {"x_zp": (_I, False), "strides": (_IS, False), "pads": (_IS, False), "dilations": (_IS, False),
          "group": (_I, False)}
-_CONV_IN = (In("x", _NARROW), In("w", _WEIGHT), In("bias", _INT, True), In("M", _INT), In("N", _INT))
+_CONV_IN = (In("x", _NARROW), In("w", _WEIGHT), In("bias", _INT, True), In("M", _INT), In("N", _INT),
+            In("w_zp", _INT, True))  # w_zp: per output channel, for weights stored affine (U4)
 
 # op type -> (inputs, own attributes, one-line summary)
 INT_OPS: dict[str, tuple[tuple[In, ...], dict[str, tuple[OpSchema.AttrType, bool]], str]] = {
     "QConv": (_CONV_IN, _CONV, "integer convolution, requantized per output channel"),
     "QConvTranspose": (_CONV_IN, {**_CONV, "output_padding": (_IS, False)},
                        "integer transposed convolution, requantized per output channel"),
-    "QMatMul": ((In("a", _NARROW), In("b", _WEIGHT), In("bias", _INT, True), In("M", _INT), In("N", _INT)),
+    "QMatMul": ((In("a", _NARROW), In("b", _WEIGHT), In("bias", _INT, True), In("M", _INT), In("N", _INT),
+                 In("b_zps", _INT, True)),
                 {"a_zp": (_I, False), "b_zp": (_I, False), "trans_b": (_I, False)},
                 "integer matrix product, requantized per output column"),
     "QAdd": ((In("a", _NARROW), In("b", _WIDE)),

@@ -77,8 +77,9 @@ def _missing_to(m: onnx.ModelProto) -> None:
     node.attribute.extend(kept)
 
 
-def _extra_input(m: onnx.ModelProto) -> None:
-    _first(m, "QConv").input.append(_first(m, "QConv").input[-1])
+def _extra_input(m: onnx.ModelProto) -> None:  # QConv takes 5 inputs, 6 with the zero points of U4 weights
+    node = _first(m, "QConv")
+    node.input.extend([node.input[-1]] * (7 - len(node.input)))
 
 
 def _missing_input(m: onnx.ModelProto) -> None:
@@ -102,7 +103,7 @@ def _float_to(m: onnx.ModelProto) -> None:
     (_unknown_attribute, "Unrecognized attribute: x_zero_point for operator QConv"),
     (_float_attribute, "Mismatched attribute type"),
     (_missing_to, "Required attribute 'to' is missing"),
-    (_extra_input, "QConv:1) has input size 6 not in range [min=5, max=5]"),
+    (_extra_input, "QConv:1) has input size 7 not in range [min=5, max=6]"),
     (_missing_input, "QAdd:1) has input size 1 not in range [min=2, max=2]"),
     (_wrong_to, "Inferred elem type differs from existing elem type"),
     (_float_to, "attribute 'to' = 1 is not an integer grid type"),

@@ -310,3 +310,13 @@ def channel_param(value: np.ndarray | None, what: str, channels: int, ndim_after
     if arr.size not in (1, channels):
         raise PulsarError(f"{what} has {arr.size} values; expected 1 or {channels} (one per output channel)")
     return arr.reshape((arr.size,) + (1,) * ndim_after)
+
+
+def weight_minus_zero_points(w: np.ndarray, zps: np.ndarray | None, axis: int) -> np.ndarray:
+    """A constant weight stored affine (U4: integers and a zero point per output channel along
+    ``axis``) as the centred integers the kernels multiply, q - zero point (int16)."""
+    if zps is None:
+        return w
+    shape = [1] * w.ndim
+    shape[axis % w.ndim] = -1
+    return (np.asarray(w).astype(np.int16) - np.asarray(zps).astype(np.int16).reshape(shape)).astype(np.int16)

@@ -50,6 +50,7 @@ from pulsar.runtime.kernels.common import (
     scratch,
     str_attr,
     to_torch,
+    weight_minus_zero_points,
 )
 from pulsar.runtime.kernels.int8 import int8_conv, int8_matmul, onednn_conv
 from pulsar.runtime.kernels.requant import Requant
@@ -305,7 +306,9 @@ def _make(attrs: dict[str, Any], consts: list[np.ndarray | None], transposed: bo
     x_zp = int_attr(attrs, "x_zp", 0)
     if transposed and attrs.get("output_shape") is not None:
         raise PulsarError("QConvTranspose: attribute output_shape is not supported; write pads / output_padding")
-    consts = list(consts) + [None] * (5 - len(consts))
+    consts = list(consts) + [None] * (6 - len(consts))
+    if consts[1] is not None and consts[5] is not None:  # U4 weights: stored affine, centred once here
+        consts[1] = weight_minus_zero_points(consts[1], consts[5], 1 if transposed else 0)
     prepared: _Weights | None = None
     if consts[1] is not None and consts[3] is not None and consts[4] is not None:
         prepared = _Weights(consts[1], consts[2], consts[3], consts[4], spec, attrs, transposed)

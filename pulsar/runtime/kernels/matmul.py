@@ -22,6 +22,7 @@ from pulsar.runtime.kernels.common import (
     channel_param,
     data_bound,
     int_attr,
+    weight_minus_zero_points,
 )
 from pulsar.runtime.kernels.conv import centered_float
 from pulsar.runtime.kernels.requant import Requant
@@ -59,7 +60,10 @@ def make_qmatmul(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kern
     spec = OutSpec.from_attrs(attrs)
     a_zp, b_zp = int_attr(attrs, "a_zp", 0), int_attr(attrs, "b_zp", 0)
     trans_b = bool(int_attr(attrs, "trans_b", 0))
-    consts = list(consts) + [None] * (5 - len(consts))
+    consts = list(consts) + [None] * (6 - len(consts))
+    raw_b = consts[1]
+    if raw_b is not None and consts[5] is not None:  # U4 weights: a zero point per output column, centred once
+        consts[1] = weight_minus_zero_points(raw_b, consts[5], -2 if trans_b else -1)
     const_b = _ConstB(consts[1], b_zp, trans_b) if consts[1] is not None else None
     requants: dict[tuple, Requant] = {}
 
@@ -78,7 +82,7 @@ def make_qmatmul(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kern
         if a is None or b is None or m is None or n is None:
             raise PulsarError("inputs a, b, M and N are required")
         amax = centered_bound(a.dtype, a_zp)
-        if const_b is not None and b is consts[1]:
+        if const_b is not None and b is raw_b:
             cb = const_b
             top = int(cb.colsum.max()) if cb.colsum.size else 0
             kind = "float32" if top * amax < FLOAT32_EXACT else accum_float(top * data_bound(a, a_zp),

@@ -69,6 +69,7 @@ class LowerCtx:
     inits: dict[str, np.ndarray] = field(default_factory=dict)       # new integer initializers
     shared_inits: list[str] = field(default_factory=list)            # QDQ initializers used as they are
     tensors: dict[str, TensorType] = field(default_factory=dict)     # new intermediate tensors
+    weight_zps: dict[str, np.ndarray] = field(default_factory=dict)  # packed affine (U4) weight -> its zero points
 
     # ---------------------------------------------------------------- reading
     @property
@@ -142,6 +143,12 @@ class LowerCtx:
         node = helper.make_node(op_type, inputs, outputs, name=name, domain=domain, **attrs)
         self.nodes.append(node)
         return node
+
+    def weight_zp_inputs(self, weight: str) -> list[str]:
+        """The optional zero-point input of an op reading ``weight``: [] unless the weight is a packed
+        affine (U4) tensor used as stored."""
+        zps = self.weight_zps.get(weight)
+        return [] if zps is None else [self.add_init("w_zp", zps.astype(np.int32))]
 
     def add_init(self, suffix: str, value: np.ndarray) -> str:
         """A new initializer named after the node (``<node>/<suffix>``)."""

@@ -15,7 +15,8 @@ from pulsar.core.padding import auto_pads
 INT8_16 = (np.int8, np.int16)
 
 
-def symmetric_weight(ctx: LowerCtx, i: int, axis: int, what: str = "weight") -> tuple[Operand, np.ndarray]:
+def symmetric_weight(ctx: LowerCtx, i: int, axis: int, what: str = "weight",
+                     packed_zp: bool = False) -> tuple[Operand, np.ndarray]:
     """A quantized constant weight with zero points 0, per tensor or per channel along ``axis``.
 
     Returns the operand and its per-channel scale along ``axis`` (float64, length of that axis)."""
@@ -25,7 +26,8 @@ def symmetric_weight(ctx: LowerCtx, i: int, axis: int, what: str = "weight") -> 
     if op.kind != "qconst" or op.q is None or op.value is None:
         raise Unsupported(f"{ctx.op} {what} '{op.name}' is not a quantized constant")
     if np.any(op.q.zero_point != 0) or op.q.elem_type == TensorProto.UINT4:
-        op = _centered(ctx, op, what)
+        op = _centered(ctx, op, what, packed_zp and op.q.elem_type == TensorProto.UINT4 and not op.q.per_tensor
+                       and (op.q.axis if op.q.axis is not None else 1) % op.value.ndim == axis % op.value.ndim)
     if op.value is None or op.value.dtype.type not in INT8_16:
         raise Unsupported(f"{ctx.op} {what} '{op.name}' is {op.q.elem_type if op.value is None else op.value.dtype}; "
                           "the NPU takes int4 / int8 / int16 weights")
@@ -39,9 +41,11 @@ def symmetric_weight(ctx: LowerCtx, i: int, axis: int, what: str = "weight") -> 
     return op, op.q.scale.astype(np.float64)
 
 
-def _centered(ctx: LowerCtx, op: Operand, what: str) -> Operand:
+def _centered(ctx: LowerCtx, op: Operand, what: str, packed_zp: bool = False) -> Operand:
     """An affine weight (U4, or any zero point != 0) as the symmetric integers q - zero_point, which
-    the kernels multiply directly: a private copy, INT4 (two per byte) when it fits, else int8."""
+    the kernels multiply: with ``packed_zp`` (a U4 weight per output channel read by an op with a
+    zero-point input) the stored UINT4 tensor itself, its zero points given to the op; else a private
+    copy, INT4 (two per byte) when it fits, else int8."""
     assert op.q is not None and op.value is not None
     if op.q.bits > 8:
         raise Unsupported(f"{ctx.op} {what} '{op.name}' is asymmetric 16-bit (zero point != 0)")
@@ -53,6 +57,10 @@ def _centered(ctx: LowerCtx, op: Operand, what: str) -> Operand:
     narrow = lo >= -8 and hi <= 7
     if not narrow and (lo < -128 or hi > 127):
         raise Unsupported(f"{ctx.op} {what} '{op.name}': q - zero_point spans [{lo}, {hi}], beyond int8")
+    if packed_zp and not narrow:
+        ctx.weight_zps[op.q.name] = op.q.zero_point.reshape(-1)
+        q = QParams(op.q.name, op.q.scale, np.zeros_like(op.q.zero_point), TensorProto.INT8, op.q.axis)
+        return Operand(op.q.name, "qconst", q, centered.astype(np.int8))
     elem = TensorProto.INT4 if narrow else TensorProto.INT8
     name = ctx.add_init("w_centered", centered.astype(ml_dtypes.int4 if narrow else np.int8))
     q = QParams(name, op.q.scale, np.zeros_like(op.q.zero_point), elem, op.q.axis)

@@ -30,7 +30,7 @@ def _spatial(ctx: LowerCtx, w: np.ndarray) -> tuple[tuple[int, ...], list[int], 
 @rule("Conv")
 def lower_conv(ctx: LowerCtx) -> None:
     xq = ctx.act(0)
-    w_op, w_scale = symmetric_weight(ctx, 1, 0)
+    w_op, w_scale = symmetric_weight(ctx, 1, 0, packed_zp=True)
     w = w_op.value
     assert w is not None and w_op.q is not None
     kernel, strides, dilations = _spatial(ctx, w)
@@ -41,7 +41,7 @@ def lower_conv(ctx: LowerCtx) -> None:
     weight, grid, bias, bound = weights_and_bias(ctx, w_op.q.name, w, 0, xq.s * w_scale, xq.max_centered, yq.s, 2)
     m, n = channel_multipliers(ctx, grid / yq.s, bound, "conv output scale")
     ctx.emit("QConv", [xq.name, weight, bias,
-                       ctx.add_init("M", m), ctx.add_init("N", n)], [yq.name],
+                       ctx.add_init("M", m), ctx.add_init("N", n), *ctx.weight_zp_inputs(weight)], [yq.name],
              x_zp=xq.zp, strides=strides, pads=pads, dilations=dilations, group=group, **ctx.common())
 
 

@@ -35,7 +35,7 @@ def _qmatmul(ctx: LowerCtx, *, trans_b: int, alpha: float, bias_index: int | Non
     else:
         rank = b_op.value.ndim if b_op.value is not None else 2
         axis = (rank - 2 if trans_b else rank - 1)
-        w_op, w_scale = symmetric_weight(ctx, 1, axis)
+        w_op, w_scale = symmetric_weight(ctx, 1, axis, packed_zp=True)
         assert w_op.value is not None and w_op.q is not None
         if w_scale.size != nout:
             raise Unsupported(f"{ctx.op} weight scales ({w_scale.size}) do not match the {nout} output columns")
@@ -47,7 +47,8 @@ def _qmatmul(ctx: LowerCtx, *, trans_b: int, alpha: float, bias_index: int | Non
         m, n = channel_multipliers(ctx, grid / yq.s, np.array([bounds.max()]), "matmul output scale")
     else:
         m, n = channel_multipliers(ctx, full_grid / yq.s, bounds, "matmul output scale")
-    ctx.emit("QMatMul", [aq.name, b_name, bias, ctx.add_init("M", m.reshape(-1)), ctx.add_init("N", n.reshape(-1))],
+    ctx.emit("QMatMul", [aq.name, b_name, bias, ctx.add_init("M", m.reshape(-1)), ctx.add_init("N", n.reshape(-1)),
+                         *ctx.weight_zp_inputs(b_name)],
              [yq.name], a_zp=aq.zp, b_zp=b_zp, trans_b=int(trans_b), **ctx.common())
 
 
