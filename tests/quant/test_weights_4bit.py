@@ -293,3 +293,33 @@ def test_the_cost_model_reads_half_a_byte_per_4bit_weight(tmp_path, tiny, tiny_c
             zip(est8.subgraphs[0].ops, est4.subgraphs[0].ops, strict=True) if a.op_type == "QConv"]
     w_elems = [8 * 3 * 3 * 3, 8 * 1 * 3 * 3, 8 * 8]  # conv1, dwconv, conv2 weights
     assert [b8 - b4 for b8, b4 in conv] == [n - (n + 1) // 2 for n in w_elems]
+
+
+def test_onnxruntimes_int4_qdq_model_imports_bit_exactly(tmp_path, tiny, tiny_config):
+    """onnxruntime's own quantizer at QInt4 weights writes com.microsoft DequantizeLinear on INT4 at the
+    model's opset 13: the same import, both modes equal to onnxruntime on that model."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    samples = _samples(tiny)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(samples)
+
+        def get_next(self):
+            x = next(self.it, None)
+            return None if x is None else {"image": x}
+
+    q4 = tmp_path / "ort_int4.onnx"
+    quantize_static(str(tiny["model"]), str(q4), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt4)
+    assert TensorProto.INT4 in {t.data_type for t in onnx.load(q4).graph.initializer}
+    res = pulsar.build(q4, tmp_path / "out", tiny_config, {"model_type": "QuantONNX", "compiler.check": 2},
+                       quiet=True)
+    tensors = json.loads(res.quant_config.read_text())["tensors"]
+    assert sum(v["dtype"] == "S4" and v["kind"] == "weight" for v in tensors.values()) == 4
+    want = ort.InferenceSession(str(q4), reference_session_options())
+    for x in samples[:3]:
+        ref, npu = _both_modes(res.compiled_model, x)
+        expected = want.run(None, {"image": x})[0]
+        assert np.array_equal(ref, expected) and np.array_equal(npu, expected)
