@@ -125,11 +125,12 @@ def test_4bit_build_is_packed_and_simulated_bit_exactly(tmp_path, tiny, tiny_con
         assert w4.compiled_model.stat().st_size < w8.compiled_model.stat().st_size
 
 
-def test_lsq_at_4_bits_improves_the_whole_model(tmp_path, tiny, tiny_config):
-    res = _build(tiny, tiny_config, tmp_path / "lsq", [_weights_entry("S4")],
-                 **{"quant.enable_lsq": True, "quant.finetune_epochs": 60})
-    log = (tmp_path / "lsq" / "build.log").read_text()
-    m = re.search(r"fine-tuning \(lsq\): the whole model .*SQNR ([\d.]+) -> ([\d.]+) dB", log)
+@pytest.mark.parametrize("algorithm", ["adaround", "brecq", "lsq"])
+def test_fine_tuning_at_4_bits_improves_the_whole_model(tmp_path, tiny, tiny_config, algorithm):
+    res = _build(tiny, tiny_config, tmp_path / algorithm, [_weights_entry("S4")],
+                 **{f"quant.enable_{algorithm}": True, "quant.finetune_epochs": 60})
+    log = (tmp_path / algorithm / "build.log").read_text()
+    m = re.search(rf"fine-tuning \({algorithm}\): the whole model .*SQNR ([\d.]+) -> ([\d.]+) dB", log)
     assert m and float(m.group(2)) > float(m.group(1)) + 1.0, log[-2000:]
     assert "every block keeps its calibrated parameters" not in log
     tensors = json.loads(res.quant_config.read_text())["tensors"]
