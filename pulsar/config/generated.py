@@ -145,7 +145,7 @@ class QuantConfig:
     layer_configs: tuple[LayerConfig, ...] = FILLED
     """mixed precision per layer / op type / subgraph"""
 
-    calibration_method: Literal["MinMax", "Percentile", "MSE", "KL"] = FILLED
+    calibration_method: Literal["MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss"] = FILLED
     """how activation ranges are chosen from the calibration statistics"""
 
     calibration_percentile: float = FILLED

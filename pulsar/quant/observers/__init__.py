@@ -6,7 +6,7 @@ MSE, KL) to functions registered with :func:`register_method`, one module per me
 
 from __future__ import annotations
 
-from pulsar.quant.observers import kl, minmax, mse, percentile  # noqa: F401  (register the methods)
+from pulsar.quant.observers import aciq, kl, minmax, mse, percentile  # noqa: F401  (register the methods)
 from pulsar.quant.observers.histogram import DEFAULT_NUM_BINS, SideHistograms, TensorStats, side_histograms
 from pulsar.quant.observers.registry import (
     CALIBRATION_METHODS,

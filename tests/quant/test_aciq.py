@@ -1,0 +1,89 @@
+"""ACIQ_Laplace / ACIQ_Gauss ranges against a reference written here: the moments from the raw values,
+the optimal clipping threshold by golden-section search on the paper's error expressions."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from pulsar.quant.observers import TensorStats, compute_range
+
+
+def _golden(f, lo: float, hi: float, tol: float = 1e-6) -> float:
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    while b - a > tol:
+        c, d = b - g * (b - a), a + g * (b - a)
+        if f(c) < f(d):
+            b = d
+        else:
+            a = c
+    return (a + b) / 2
+
+
+def reference(x: np.ndarray, kind: str, bits: int) -> tuple[float, float]:
+    x = x.astype(np.float64).reshape(-1)
+    mean = float(x.mean())
+    if kind == "laplace":
+        b = float(np.abs(x - mean).mean())
+        ratio = _golden(lambda a: 2 * math.exp(-a) + a * a / (3 * 4.0**bits), 0.05, 40)
+        alpha = ratio * b
+    else:
+        s = float(x.std())
+        ratio = _golden(lambda a: (a * a + 1) * (1 - math.erf(a / math.sqrt(2)))
+                        - math.sqrt(2 / math.pi) * a * math.exp(-a * a / 2) + a * a / (3 * 4.0**bits), 0.05, 40)
+        alpha = ratio * s
+    lo, hi = max(float(x.min()), mean - alpha), min(float(x.max()), mean + alpha)
+    return min(lo, 0.0), max(hi, 0.0)
+
+
+def test_the_papers_thresholds():
+    from pulsar.quant.observers.aciq import gauss_ratio, laplace_ratio
+
+    # Banner et al. 2019, table of optimal clipping: Laplace 2.83 b / 5.03 b / 9.89 b, Gauss 1.71 / 2.55 / 3.92 sigma
+    assert [round(laplace_ratio(b), 1) for b in (2, 4, 8)] == [2.8, 5.0, 9.9]
+    assert [round(gauss_ratio(b), 2) for b in (2, 4, 8)] == [1.71, 2.56, 3.93]
+
+
+def _activations(tiny: dict[str, Path]) -> dict[str, np.ndarray]:
+    """Every intermediate tensor of the tiny CNN over its calibration samples (onnxruntime)."""
+    model = onnx.load(tiny["model"])
+    names = [o for n in model.graph.node for o in n.output]
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n != "logits")
+    sess = ort.InferenceSession(model.SerializeToString())
+    outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for p in sorted(Path(tiny["calib"]).glob("*.npy")):
+        for o, v in zip(sess.get_outputs(), sess.run(None, {"image": np.load(p)}), strict=True):
+            outs[o.name].append(v.reshape(-1))
+    return {n: np.concatenate(v) for n, v in outs.items()}
+
+
+@pytest.mark.parametrize("method, kind", [("ACIQ_Laplace", "laplace"), ("ACIQ_Gauss", "gauss")])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_aciq_ranges_of_a_real_models_tensors(tiny, method, kind, bits):
+    checked = 0
+    for name, x in _activations(tiny).items():
+        stats = TensorStats.empty()
+        for part in np.array_split(x, 4):
+            stats.update(part)
+        lo, hi = compute_range(stats, method, num_bits=bits)
+        want_lo, want_hi = reference(x, kind, bits)
+        # the histogram's moments are bin centres: within a bin width (and 1 % of the range) of the raw ones
+        tol = 2 * stats.bin_width + 0.01 * (want_hi - want_lo)
+        assert abs(lo - want_lo) <= tol and abs(hi - want_hi) <= tol, (name, (lo, hi), (want_lo, want_hi))
+        checked += 1
+    assert checked >= 10
+
+
+def test_aciq_clips_the_tails_of_a_laplace_tensor():
+    x = np.random.default_rng(0).laplace(0.0, 1.0, 200_000).astype(np.float32)
+    stats = TensorStats.empty()
+    stats.update(x)
+    lo, hi = compute_range(stats, "ACIQ_Laplace", num_bits=4, symmetric=True, signed=True)
+    assert 4.5 < hi < 5.5 and lo == -hi  # 5.03 b with b = 1
+    assert hi < 0.5 * float(np.abs(x).max())
