@@ -145,11 +145,18 @@ class QuantConfig:
     layer_configs: tuple[LayerConfig, ...] = FILLED
     """mixed precision per layer / op type / subgraph"""
 
-    calibration_method: Literal["MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss"] = FILLED
+    calibration_method: Literal[
+        "MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss", "Std",
+    ] = FILLED
     """how activation ranges are chosen from the calibration statistics"""
 
     calibration_percentile: float = FILLED
     """Percentile method: the percentile of the calibration values kept inside the range (the rest is clipped)
+    """
+
+    calibration_std_n: float = FILLED
+    """Std method: the range is the mean +- this many standard deviations (Compass's [N]std), within the
+    data's extremes
     """
 
     precision_analysis: bool = FILLED

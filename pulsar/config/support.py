@@ -110,6 +110,7 @@ SWITCHED: list[Needs] = [
     Needs("onnx_opt.simplifier", lambda o: bool(o.get("enable_onnxsim")), "onnx_opt.enable_onnxsim"),
     Needs("quant.calibration_percentile", lambda q: q.get("calibration_method") == "Percentile",
           "quant.calibration_method Percentile"),
+    Needs("quant.calibration_std_n", lambda q: q.get("calibration_method") == "Std", "quant.calibration_method Std"),
     Needs("quant.smooth_quant_threshold", lambda q: bool(q.get("enable_smooth_quant")), "quant.enable_smooth_quant"),
     Needs("quant.smooth_quant_strength", lambda q: bool(q.get("enable_smooth_quant")), "quant.enable_smooth_quant"),
     *(Needs(f"quant.{f}", _finetune, _FINETUNE) for f in ("finetune_epochs", "finetune_block_size",

@@ -151,13 +151,14 @@ def compute_ranges(
     signed: bool = False,
     symmetric: bool = False,
     percentile: float = 99.99,
+    std_n: float = 3.0,
 ) -> dict[str, tuple[float, float]]:
     """Clipping range ``(lo, hi)``, ``lo <= 0 <= hi``, of every tensor with one method and grid."""
     get_method(method)  # a bad method name fails even when there is nothing to calibrate
     start = time.perf_counter()
     ranges = {
         name: compute_range(
-            s, method, num_bits=num_bits, signed=signed, symmetric=symmetric, percentile=percentile
+            s, method, num_bits=num_bits, signed=signed, symmetric=symmetric, percentile=percentile, std_n=std_n
         )
         for name, s in stats.items()
     }

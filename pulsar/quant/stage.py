@@ -237,7 +237,8 @@ def activation_ranges(stats: dict[str, Any], plan: QuantPlan, q: QuantConfig,
         names = {a: stats[a] for a in own if grid(a) == (dtype, symmetric)}
         signed = DTYPES[dtype][2]
         ranges.update(compute_ranges(names, q.calibration_method, num_bits=BITS[dtype], signed=signed,
-                                     symmetric=symmetric, percentile=q.calibration_percentile))
+                                     symmetric=symmetric, percentile=q.calibration_percentile,
+                                     std_n=q.calibration_std_n))
     if not q.disable_auto_refine_scale:
         refine_input_ranges(model, plan, stats, ranges)
     mask_floor: dict[str, float] = {}

@@ -134,7 +134,7 @@ def test_all_errors_reported_at_once():
                           require_io=False)
     text = "\n".join(e.value.problems)
     assert len(e.value.problems) == 4, text
-    assert 'quant.calibration_method: \'kl\' is not one of MinMax, Percentile, MSE, KL, ACIQ_Laplace, ACIQ_Gauss (did you mean "KL"?)' in text
+    assert 'quant.calibration_method: \'kl\' is not one of MinMax, Percentile, MSE, KL, ACIQ_Laplace, ACIQ_Gauss, Std (did you mean "KL"?)' in text
     assert "quant.calibraton_size: unknown field" in text
     assert "quant.input_configs[0].calibration_size: '32' is a string, expected an integer" in text
     assert "exclude each other" in text

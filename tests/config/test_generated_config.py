@@ -73,7 +73,8 @@ def test_every_schema_property_is_a_field_of_its_class_and_vice_versa():
 def test_field_types_follow_the_schema():
     """None only where a field may be unset after the loader filled the defaults and validated."""
     hints = typing.get_type_hints(QuantConfig)
-    assert hints["calibration_method"] == Literal["MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss"]
+    assert hints["calibration_method"] == Literal["MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss",
+                                                   "Std"]
     assert hints["calibration_percentile"] is float
     assert hints["transformer_opt_level"] is int
     assert hints["enable_smooth_quant"] is bool

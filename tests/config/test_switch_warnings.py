@@ -19,6 +19,7 @@ from tests.hostile.harness import run_cli
 SET: dict[str, Any] = {
     "onnx_opt.simplifier": "onnxslim",
     "quant.calibration_percentile": 99.9,
+    "quant.calibration_std_n": 2.5,
     "quant.smooth_quant_threshold": 0.3,
     "quant.smooth_quant_strength": 0.9,
     "quant.finetune_epochs": 7,

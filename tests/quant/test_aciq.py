@@ -87,3 +87,31 @@ def test_aciq_clips_the_tails_of_a_laplace_tensor():
     lo, hi = compute_range(stats, "ACIQ_Laplace", num_bits=4, symmetric=True, signed=True)
     assert 4.5 < hi < 5.5 and lo == -hi  # 5.03 b with b = 1
     assert hi < 0.5 * float(np.abs(x).max())
+
+
+@pytest.mark.parametrize("n", [2.0, 3.0])
+def test_std_ranges_of_a_real_models_tensors(tiny, n):
+    for name, x in _activations(tiny).items():
+        stats = TensorStats.empty()
+        stats.update(x)
+        lo, hi = compute_range(stats, "Std", std_n=n)
+        x64 = x.astype(np.float64)
+        mean, std = float(x64.mean()), float(x64.std())
+        want_lo = min(max(float(x64.min()), mean - n * std), 0.0)
+        want_hi = max(min(float(x64.max()), mean + n * std), 0.0)
+        tol = 2 * stats.bin_width + 0.01 * (want_hi - want_lo)
+        assert abs(lo - want_lo) <= tol and abs(hi - want_hi) <= tol, (name, (lo, hi), (want_lo, want_hi))
+
+
+def test_std_n_acts_in_a_build(tmp_path, tiny, tiny_config):
+    import json
+
+    import pulsar
+
+    ranges = {}
+    for n in (1.0, 3.0):
+        res = pulsar.build(tiny["model"], tmp_path / str(n), tiny_config,
+                           {"quant.calibration_method": "Std", "quant.calibration_std_n": n,
+                            "quant.disable_auto_refine_scale": True}, quiet=True)
+        ranges[n] = json.loads(res.quant_config.read_text())["tensors"]["res"]["range"]
+    assert ranges[1.0][1] < ranges[3.0][1]  # a narrower range with fewer standard deviations

@@ -12,6 +12,7 @@ threshold ``alpha`` around the mean minimises clipping noise + rounding noise fo
 
 solved numerically for any bit width (the paper's table: Laplace 9.89 b and Gauss 3.92 sigma at 8
 bits, 5.03 b and 2.55 sigma at 4). The range is ``mean +- alpha`` within the data's extremes.
+``Std`` uses the same moments with a fixed ``alpha = N sigma`` (``quant.calibration_std_n``).
 """
 
 from __future__ import annotations
@@ -74,3 +75,10 @@ def aciq_laplace_range(stats: TensorStats, spec: GridSpec) -> tuple[float, float
 def aciq_gauss_range(stats: TensorStats, spec: GridSpec) -> tuple[float, float]:
     mean, _, std = moments(stats)
     return _around_mean(stats, mean, gauss_ratio(spec.num_bits) * std, spec)
+
+
+@register_method("Std")
+def std_range(stats: TensorStats, spec: GridSpec) -> tuple[float, float]:
+    """mean +- ``spec.std_n`` standard deviations (quant.calibration_std_n; Compass's ``[N]std``)."""
+    mean, _, std = moments(stats)
+    return _around_mean(stats, mean, spec.std_n * std, spec)

@@ -27,6 +27,7 @@ class GridSpec:
     signed: bool = False
     symmetric: bool = False
     percentile: float = 99.99
+    std_n: float = 3.0
 
     @property
     def levels(self) -> int:
@@ -78,6 +79,7 @@ def compute_range(
     signed: bool = False,
     symmetric: bool = False,
     percentile: float = 99.99,
+    std_n: float = 3.0,
 ) -> tuple[float, float]:
     """Clipping range ``(lo, hi)`` with ``lo <= 0 <= hi`` for one tensor.
 
@@ -93,7 +95,7 @@ def compute_range(
         raise ValueError(f"percentile must be in (50, 100], got {percentile}")
     if stats.count == 0:
         return 0.0, 0.0
-    spec = GridSpec(num_bits=num_bits, signed=signed, symmetric=symmetric, percentile=percentile)
+    spec = GridSpec(num_bits=num_bits, signed=signed, symmetric=symmetric, percentile=percentile, std_n=std_n)
     lo, hi = fn(stats, spec)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise RuntimeError(f"calibration method {method} returned a non-finite range ({lo}, {hi})")
