@@ -60,3 +60,18 @@ def make_numpy_calibration(folder: Path, n: int = 8, seed: int = 1, shape=(1, 3,
     for i in range(n):
         np.save(folder / f"{i:03d}.npy", rng.standard_normal(shape).astype(np.float32))
     return folder
+
+
+def tiny_activations(tiny: dict[str, Path]) -> dict[str, list[np.ndarray]]:
+    """Every intermediate tensor of the tiny CNN, one flat array per calibration sample (onnxruntime)."""
+    import onnxruntime as ort
+
+    model = onnx.load(tiny["model"])
+    names = [o for n in model.graph.node for o in n.output]
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n != "logits")
+    sess = ort.InferenceSession(model.SerializeToString())
+    outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for p in sorted(Path(tiny["calib"]).glob("*.npy")):
+        for o, v in zip(sess.get_outputs(), sess.run(None, {"image": np.load(p)}), strict=True):
+            outs[o.name].append(v.reshape(-1))
+    return outs

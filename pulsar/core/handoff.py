@@ -11,6 +11,17 @@ from dataclasses import dataclass
 
 import onnx
 
+# node metadata in the QDQ model: a layer's own LUT size (quant.layer_configs lut_items_in_bits), which
+# wins over compiler.lut_items_in_bits and its sub_config's; in the file, so a recompile keeps it too
+LUT_BITS_KEY = "pulsar.lut_items_in_bits"
+
+
+def node_lut_bits(node: onnx.NodeProto) -> int | None:
+    for p in node.metadata_props:
+        if p.key == LUT_BITS_KEY:
+            return int(p.value)
+    return None
+
 
 @dataclass(frozen=True)
 class QuantResult:

@@ -15,18 +15,24 @@ import re
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
+from pulsar.core.plugin_session import inference_session
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.quant.observers import DEFAULT_NUM_BINS, TensorStats, compute_range, get_method
+from pulsar.quant.observers.histogram import DEFAULT_MOMENTUM
 from pulsar.utils.atomic import atomic_path
 from pulsar.utils.scratch import scratch_dir
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +46,7 @@ __all__ = [
     "stats_to_arrays",
 ]
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: running extremes (batches, momentum, run_min, run_max)
 _ORT_ERRORS = (
     ort_state.Fail,
     ort_state.InvalidArgument,
@@ -64,6 +70,9 @@ def collect_statistics(
     cache_dir: str | Path | None = None,
     cache_key: str | None = None,
     num_bins: int = DEFAULT_NUM_BINS,
+    momentum: float = DEFAULT_MOMENTUM,
+    device: str = "cpu",
+    backend: str = "auto",
 ) -> dict[str, TensorStats]:
     """Statistics of ``tensor_names`` over all ``samples`` (dicts input name -> array).
 
@@ -72,8 +81,17 @@ def collect_statistics(
     the exporter), so they are absent from the result. ``progress(n)`` is called after each
     sample with the number of samples done. With ``cache_dir`` and ``cache_key`` the statistics
     are loaded from / saved to ``<cache_dir>/calib_stats_<key>.npz``.
+
+    ``device`` (``quant.device``): ``cpu`` runs onnxruntime as above; ``cuda`` / ``cuda:N`` runs the
+    float model in torch on that GPU with the statistics reduced there
+    (:mod:`pulsar.quant.calibration_torch`). ``backend="torch"`` forces the torch pass on any
+    device (tests compare it with onnxruntime on CPU). The torch pass's statistics differ slightly,
+    so its cache key names the device kind.
     """
     names = list(dict.fromkeys(tensor_names))
+    torch_device = _torch_device(device, backend)
+    if torch_device is not None and cache_key is not None:
+        cache_key = f"{cache_key}-torch{torch_device.type}"
     cache_path = _cache_path(cache_dir, cache_key)
     graph = model.graph
     initializers = {t.name for t in graph.initializer} | {t.name for t in graph.sparse_initializer}
@@ -99,13 +117,78 @@ def collect_statistics(
             log.info("calibration statistics: cache hit, %s (model not run)", cache_path)
             return cached
         log.info("calibration statistics: cache miss, running the float model (%s)", cache_path.name)
-    stats = {n: TensorStats.empty(num_bins) for n in collected}
+    stats = {n: TensorStats.empty(num_bins, momentum) for n in collected}
 
-    start, done = time.perf_counter(), 0
+    start = time.perf_counter()
+    if torch_device is None:
+        done, where = _ort_pass(model, inputs, from_feed, fetch, stats, samples, progress), "cpu"
+    else:
+        from pulsar.quant.calibration_torch import device_name, torch_pass
+
+        feeds = _feeds(samples, inputs, _input_dtypes(inputs))
+        done = torch_pass(model, feeds, from_feed, fetch, stats, torch_device, progress)
+        where = device_name(torch_device) + ("" if torch_device.type == "cuda" else " (torch)")
+    if done == 0:
+        raise PulsarError(
+            "calibration: the calibration data yielded no samples; check "
+            "quant.input_configs[].calibration_dataset and calibration_size"
+        )
+    log.info(
+        "calibration statistics: %d tensors over %d sample%s in %.1f s on %s",
+        len(stats),
+        done,
+        "" if done == 1 else "s",
+        time.perf_counter() - start,
+        where,
+    )
+    if cache_path is not None:
+        save_statistics(cache_path, stats)
+    return stats
+
+
+def _torch_device(device: str, backend: str) -> torch.device | None:
+    """The torch device of the float pass, None for onnxruntime on CPU."""
+    if backend not in ("auto", "onnxruntime", "torch"):
+        raise ValueError(f"calibration backend must be auto, onnxruntime or torch, got {backend!r}")
+    if backend == "onnxruntime" or (backend == "auto" and device == "cpu"):
+        if device != "cpu":
+            raise ValueError(f"the onnxruntime calibration pass runs on cpu only, got device {device!r}")
+        return None
+    from pulsar.quant.finetune import resolve_device
+
+    return resolve_device(device)
+
+
+def _input_dtypes(inputs: dict[str, onnx.ValueInfoProto]) -> dict[str, np.dtype]:
+    return {n: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for n, i in inputs.items()}
+
+
+def _feeds(
+    samples: Iterable[dict[str, np.ndarray]], inputs: dict[str, onnx.ValueInfoProto], dtypes: dict[str, np.dtype]
+) -> Iterator[dict[str, np.ndarray]]:
+    """The checked feed of each sample; one sample's data alive at a time (the consumer drops its feed)."""
+    done = 0
+    for sample in samples:  # not enumerate(): its reused result tuple would keep the last sample alive
+        done += 1  # noqa: SIM113
+        feed = _make_feed(sample, inputs, dtypes, done)
+        del sample
+        yield feed
+        del feed
+
+
+def _ort_pass(
+    model: onnx.ModelProto,
+    inputs: dict[str, onnx.ValueInfoProto],
+    from_feed: list[str],
+    fetch: list[str],
+    stats: dict[str, TensorStats],
+    samples: Iterable[dict[str, np.ndarray]],
+    progress: Callable[[int], None] | None,
+) -> int:
+    """The float pass in onnxruntime on CPU, the activations exposed as extra outputs; returns the sample count."""
+    done = 0
     with _session(model, fetch) as session:
-        dtypes = {
-            n: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for n, i in inputs.items()
-        }
+        dtypes = _input_dtypes(inputs)
         for sample in samples:  # not enumerate(): its reused result tuple would keep the last sample alive
             done += 1
             feed = _make_feed(sample, inputs, dtypes, done)
@@ -126,21 +209,7 @@ def collect_statistics(
             del outputs
             if progress is not None:
                 progress(done)
-    if done == 0:
-        raise PulsarError(
-            "calibration: the calibration data yielded no samples; check "
-            "quant.input_configs[].calibration_dataset and calibration_size"
-        )
-    log.info(
-        "calibration statistics: %d tensors over %d sample%s in %.1f s",
-        len(stats),
-        done,
-        "" if done == 1 else "s",
-        time.perf_counter() - start,
-    )
-    if cache_path is not None:
-        save_statistics(cache_path, stats)
-    return stats
+    return done
 
 
 def compute_ranges(
@@ -152,13 +221,16 @@ def compute_ranges(
     symmetric: bool = False,
     percentile: float = 99.99,
     std_n: float = 3.0,
+    kl_top_n: int = 1,
+    weighted_alpha: float | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Clipping range ``(lo, hi)``, ``lo <= 0 <= hi``, of every tensor with one method and grid."""
     get_method(method)  # a bad method name fails even when there is nothing to calibrate
     start = time.perf_counter()
     ranges = {
         name: compute_range(
-            s, method, num_bits=num_bits, signed=signed, symmetric=symmetric, percentile=percentile, std_n=std_n
+            s, method, num_bits=num_bits, signed=signed, symmetric=symmetric, percentile=percentile, std_n=std_n,
+            kl_top_n=kl_top_n, weighted_alpha=weighted_alpha,
         )
         for name, s in stats.items()
     }
@@ -194,7 +266,7 @@ def _session(model: onnx.ModelProto, fetch: list[str]):
             source = str(tmp / "model.onnx")
         del exposed
         try:
-            session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+            session = inference_session(source, opts, ["CPUExecutionProvider"])  # plugin ops run their forward
         except _ORT_ERRORS as exc:
             raise PulsarError(
                 f"calibration: onnxruntime cannot load the float model ({_first_line(exc)}); "

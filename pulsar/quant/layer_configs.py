@@ -66,6 +66,19 @@ def subgraph_nodes(model: onnx.ModelProto, starts: list[str], ends: list[str]) -
     return forward & backward
 
 
+# layer_configs fields that tune a layer without choosing its precision (pulsar.quant.layer_tuning)
+TUNING_FIELDS = ("calibration_method", "calibration_percentile", "calibration_std_n", "calibration_kl_top_n",
+                 "calibration_weighted_alpha", "weight_calibration_method", "bias_bits", "lut_items_in_bits")
+_PRECISION_FIELDS = ("data_type", "output_data_type", "weight_data_type", "weight_granularity", "weight_group_size",
+                     "activation_symmetric")
+
+
+def tuning_only_entry(lc: LayerConfig) -> bool:
+    """An entry that sets tuning fields and no precision: the precision resolution skips it."""
+    return all(getattr(lc, f) is None for f in _PRECISION_FIELDS) and any(
+        getattr(lc, f) is not None for f in TUNING_FIELDS)
+
+
 _KIND = {4: "layer name", 3: "op type", 2: "subgraph range", 1: "whole-model range"}
 
 
@@ -106,6 +119,8 @@ def resolve_layer_precision(layer_configs: Sequence[LayerConfig], model: onnx.Mo
     overridden: dict[tuple[int, int], list[str]] = defaultdict(list)  # (winner, loser) -> layers
     weights_only: list[tuple[int, Any]] = []
     for i, lc in enumerate(layer_configs):
+        if tuning_only_entry(lc):
+            continue  # pulsar.quant.layer_tuning resolves it
         if weights_only_entry(lc):
             weights_only.append((i, lc))
             continue
@@ -196,6 +211,8 @@ def show_layer_config_table(layer_configs: Sequence[LayerConfig], quiet: bool) -
         extra += [f"weight groups of {lc.weight_group_size}"] if lc.weight_group_size else []
         if lc.activation_symmetric is not None:
             extra += ["symmetric" if lc.activation_symmetric else "affine"]
-        base = "weights only" if weights_only_entry(lc) else lc.data_type or DEFAULT_DTYPE
+        extra += [f"{f} {getattr(lc, f)}" for f in TUNING_FIELDS if getattr(lc, f) is not None]
+        base = ("tuning only" if tuning_only_entry(lc) else "weights only" if weights_only_entry(lc)
+                else lc.data_type or DEFAULT_DTYPE)
         rows.append((sel, base + (f" ({', '.join(extra)})" if extra else "")))
     show(table("Layer Config Table", ["Op Type / Layer name / Subgraph", "Precision"], rows), quiet=quiet)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -19,6 +21,9 @@ from pulsar.core.dtypes import DATA_TYPES
 from pulsar.core.float_ops import FLOAT_FORMATS, float_format
 from pulsar.errors import PulsarError
 from pulsar.quant.plan import QuantPlan
+
+if TYPE_CHECKING:
+    from pulsar.quant.layer_tuning import LayerTuning
 from pulsar.quant.scheme import (
     BITS,
     TensorQuant,
@@ -88,6 +93,26 @@ def _qdq_nodes(g: onnx.GraphProto, src: str, dst: str, tq: TensorQuant, *, quant
     g.node.append(dq)
 
 
+# U32 (quant.ln_scale_data_type): no DequantizeLinear takes uint32 codes (onnxruntime's int32 one
+# computes q - zero point in int32, which 2**32 codes overflow), so they are widened instead:
+# codes -> Cast(DOUBLE) -> Sub(zero point) -> Mul(scale) -> Cast(FLOAT): exact in float64, rounded
+# once to float32 as a DequantizeLinear rounds. The lowering folds the chain back into the constant
+# (pulsar/compiler/lower/qdq_graph.py).
+WIDENED = ("U32",)
+
+
+def _widened_dq(g: onnx.GraphProto, src: str, dst: str, tq: TensorQuant, rank: int) -> None:
+    shape = [-1] + [1] * (rank - 1 - tq.axis) if tq.axis is not None else []
+    _init(g, f"{tq.name}/scale", np.asarray(tq.scale, dtype=np.float64).reshape(shape))
+    _init(g, f"{tq.name}/zero_point", np.asarray(tq.zero_point, dtype=np.float64).reshape(shape))
+    g.node.extend([
+        helper.make_node("Cast", [src], [f"{src}/f64"], name=f"{tq.name}/Widen", to=onnx.TensorProto.DOUBLE),
+        helper.make_node("Sub", [f"{src}/f64", f"{tq.name}/zero_point"], [f"{src}/centered"], name=f"{tq.name}/Center"),
+        helper.make_node("Mul", [f"{src}/centered", f"{tq.name}/scale"], [f"{src}/real"], name=f"{tq.name}/Scale"),
+        helper.make_node("Cast", [f"{src}/real"], [dst], name=f"{tq.name}/ToFloat", to=FLOAT),
+    ])
+
+
 def constant_quant(name: str, arr: np.ndarray, refine_threshold: float,
                    dtype: str = "S8") -> tuple[TensorQuant, np.ndarray]:
     """Constant operands of element-wise ops (LayerNorm gamma / beta, scales): S8 symmetric, per
@@ -139,9 +164,11 @@ def topological_sort(g: onnx.GraphProto) -> None:
 
 def quant_params(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tuple[float, float]], *,
                  bias_fp32: bool = False, fixed: dict[str, TensorQuant] | None = None,
-                 refine_weight_threshold: float = 1e-6) -> dict[str, TensorQuant]:
+                 refine_weight_threshold: float = 1e-6,
+                 tuning: Mapping[str, LayerTuning] | None = None) -> dict[str, TensorQuant]:
     """The quantization parameters of every quantized tensor of ``plan``, in export order (weights,
-    constants, activations, biases).
+    constants, activations, biases). ``tuning`` (per node, :mod:`pulsar.quant.layer_tuning`) gives a
+    layer's weight calibration method and bias bits.
 
     ``fixed`` holds parameters that must be kept (a QuantONNX input's own scales, or the scales an
     algorithm learned): those tensors keep their given grid instead of a calibrated one. A bias is
@@ -158,8 +185,10 @@ def quant_params(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tupl
                 params[w.tensor] = weight_quant_blocked(w.tensor, arr, w.group_axis, w.group, w.dtype,
                                                         refine_weight_threshold)[0]
                 continue
+            cal = tuning[w.node].weights if tuning and w.node in tuning else None
             params[w.tensor] = weight_quant(w.tensor, arr, None if w.per_tensor else w.axis, w.dtype,
-                                            refine_threshold=refine_weight_threshold)[0]
+                                            refine_threshold=refine_weight_threshold,
+                                            **({"method": cal.method, "method_params": cal.kwargs()} if cal else {}))[0]
     for name in plan.constants:
         if name in fixed:
             params[name] = fixed[name]
@@ -186,8 +215,9 @@ def quant_params(model: onnx.ModelProto, plan: QuantPlan, ranges: dict[str, tupl
             log.debug("bias %s kept float: it overflows int32 on the %s x %s accumulator grid", b.tensor,
                       act.dtype, w.dtype)
             continue
+        bits = tuning[b.node].bias_bits if tuning and b.node in tuning else 32
         params[b.tensor] = fixed[b.tensor] if b.tensor in fixed else bias_quant(b.tensor, arr, float(act.scale),
-                                                                                 w.scale)[0]
+                                                                                 w.scale, bits)[0]
     return params
 
 
@@ -235,7 +265,10 @@ def export_qdq(model: onnx.ModelProto, plan: QuantPlan, params: dict[str, Tensor
         arr = numpy_helper.to_array(inits[name])
         g.initializer.remove(inits.pop(name))
         _init(g, f"{name}/q", stored(tq, requantize(tq, arr)))
-        _qdq_nodes(g, f"{name}/q", name, tq, quantize=False)
+        if tq.dtype in WIDENED:
+            _widened_dq(g, f"{name}/q", name, tq, arr.ndim)
+        else:
+            _qdq_nodes(g, f"{name}/q", name, tq, quantize=False)
 
     for w in plan.weights:
         store(w.tensor)

@@ -104,14 +104,16 @@ def float_grid(name: str, dtype: str, kind: str = "activation") -> TensorQuant:
 
 
 def weight_quant(name: str, w: np.ndarray, axis: int | None, dtype: str = "S8",
-                 refine_threshold: float = 1e-6) -> tuple[TensorQuant, np.ndarray]:
+                 refine_threshold: float = 1e-6, method: str = "MinMax",
+                 method_params: dict[str, Any] | None = None) -> tuple[TensorQuant, np.ndarray]:
     """Weights on their grid: symmetric (S4 / S8 / S16) or affine (U4) per channel along ``axis``
     (None: one scale for the tensor). Channels whose max |w| is below ``refine_threshold`` get that
     threshold as their range so a near-zero channel does not get a degenerate scale.
 
     4-bit grids have 16 levels, so the range is not the channel's max |w| but the clipping that
     minimises the channel's squared rounding error (:func:`_mse_clip`): a single outlier would
-    otherwise leave most weights on three or four levels.
+    otherwise leave most weights on three or four levels. Another ``method`` (a calibration method's
+    name, :mod:`pulsar.quant.weight_calibration`) chooses each row's range instead.
 
     The division and clipping run in float64: in float32 the S32 bound 2**31 - 1 rounds up to 2**31,
     so the largest value of every channel (mapped to quant_max) would overflow the int32 cast and
@@ -141,7 +143,18 @@ def weight_quant(name: str, w: np.ndarray, axis: int | None, dtype: str = "S8",
         lo, hi = np.minimum(rows.min(axis=1, initial=0.0), 0.0), np.maximum(rows.max(axis=1, initial=0.0), 0.0)
         flat = (hi - lo) <= floor
         lo, hi = np.where(flat, -floor, lo), np.where(flat, floor, hi)
-    if BITS[dtype] <= 4 and rows.size:
+    if method != "MinMax" and rows.size:
+        from pulsar.quant.weight_calibration import method_ranges
+
+        m_lo, m_hi = method_ranges(rows, method, BITS[dtype], signed, method_params or {})
+        if signed:  # an all-zero row keeps the MinMax choice above (the widest channel's range)
+            t = np.maximum(m_hi, -m_lo)
+            hi = np.where(t > 0, np.maximum(t, floor), hi)
+            lo = -hi
+        else:
+            wide = (m_hi - m_lo) > floor
+            lo, hi = np.where(wide, m_lo, lo), np.where(wide, m_hi, hi)
+    elif BITS[dtype] <= 4 and rows.size:
         lo, hi = _mse_clip(rows, lo, hi, qmin, qmax, signed)
     if signed:
         scale = np.maximum(hi / qmax, MIN_SCALE).astype(np.float32)
@@ -234,13 +247,18 @@ def bias_fits_s32(b: np.ndarray, in_scale: float, w_scale: np.ndarray) -> bool:
     return bool(np.all(np.abs(b.astype(np.float64) / scale) <= DTYPES["S32"][1]))
 
 
-def bias_quant(name: str, b: np.ndarray, in_scale: float, w_scale: np.ndarray) -> tuple[TensorQuant, np.ndarray]:
+def bias_quant(name: str, b: np.ndarray, in_scale: float, w_scale: np.ndarray,
+               bits: int = 32) -> tuple[TensorQuant, np.ndarray]:
     """int32 bias on the accumulator's grid (input scale x weight scale), in the bias's own shape:
-    per channel along its channel axis (:func:`bias_axis`), else per tensor on the finest channel's step."""
+    per channel along its channel axis (:func:`bias_axis`), else per tensor on the finest channel's step.
+    ``bits`` < 32 (a layer's ``bias_bits``): the codes saturate to that many bits, as a narrower
+    bias register would hold them."""
     w_scale = np.asarray(w_scale).reshape(-1)
     axis = bias_axis(tuple(b.shape), w_scale.size)
     scale = bias_scale(in_scale, w_scale, axis).astype(np.float32)
     qmin, qmax = DTYPES["S32"][:2]
+    if bits < 32:
+        qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     shape = [1] * b.ndim
     if axis is not None:
         shape[axis] = -1

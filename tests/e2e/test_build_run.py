@@ -92,7 +92,8 @@ def test_pulsar_run_reproduces_the_quantized_model(tmp_path, tiny, tiny_config):
                                   np.load(tmp_path / "run" / "s0" / "logits.npy"))
 
 
-@pytest.mark.parametrize("method", ["MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss", "Std"])
+@pytest.mark.parametrize("method", ["MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss", "Std", "Mean",
+                                    "WeightedScale", "InIR"])
 def test_every_calibration_method_builds_and_stays_close_to_float(tmp_path_factory, tiny, tiny_config, method):
     work = tmp_path_factory.getbasetemp() / "shared_work"
     res = pulsar.build(tiny["model"], tmp_path_factory.mktemp(method), tiny_config,

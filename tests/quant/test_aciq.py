@@ -7,11 +7,10 @@ import math
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
 
 from pulsar.quant.observers import TensorStats, compute_range
+from tests.tiny_model import tiny_activations
 
 
 def _golden(f, lo: float, hi: float, tol: float = 1e-6) -> float:
@@ -52,15 +51,7 @@ def test_the_papers_thresholds():
 
 def _activations(tiny: dict[str, Path]) -> dict[str, np.ndarray]:
     """Every intermediate tensor of the tiny CNN over its calibration samples (onnxruntime)."""
-    model = onnx.load(tiny["model"])
-    names = [o for n in model.graph.node for o in n.output]
-    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n != "logits")
-    sess = ort.InferenceSession(model.SerializeToString())
-    outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    for p in sorted(Path(tiny["calib"]).glob("*.npy")):
-        for o, v in zip(sess.get_outputs(), sess.run(None, {"image": np.load(p)}), strict=True):
-            outs[o.name].append(v.reshape(-1))
-    return {n: np.concatenate(v) for n, v in outs.items()}
+    return {n: np.concatenate(v) for n, v in tiny_activations(tiny).items()}
 
 
 @pytest.mark.parametrize("method, kind", [("ACIQ_Laplace", "laplace"), ("ACIQ_Gauss", "gauss")])

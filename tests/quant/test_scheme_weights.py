@@ -78,9 +78,11 @@ def test_non_finite_weight_is_a_user_error_naming_the_initializer(bad):
             weight_quant("fc.w", w, 0, "S8")
 
 
-def _layernorm_model(path):
+def _layernorm_model(path, gamma=None):
+    """LayerNormalization (gamma: 16 values, default uniform in [0.5, 1.5]) -> MatMul, opset 17."""
     rng = np.random.default_rng(3)
-    inits = [numpy_helper.from_array(rng.uniform(0.5, 1.5, 16).astype(np.float32), "gamma"),
+    gamma = rng.uniform(0.5, 1.5, 16) if gamma is None else gamma
+    inits = [numpy_helper.from_array(np.asarray(gamma).astype(np.float32), "gamma"),
              numpy_helper.from_array((rng.standard_normal(16) * 0.1).astype(np.float32), "beta"),
              numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "w")]
     nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], name="ln", axis=-1),

@@ -24,6 +24,7 @@ from pulsar.compiler.lower.qdq_graph import ACTIVATION_TYPES, QdqGraph, QParams
 from pulsar.compiler.lower.rules import LowerCtx, Operand, Unsupported, clamp_of, find_rule, relu_clip_bounds
 from pulsar.compiler.lower.rules.floating import lower_float
 from pulsar.compiler.lower.rules.lut import LUT_FUNCS, SCALAR_OPS, lower_lut_chain
+from pulsar.core.handoff import node_lut_bits
 from pulsar.core.opdefs import fused_activations
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.frontend.graph import DEFAULT_DOMAINS, node_inputs
@@ -178,7 +179,9 @@ def _try_npu(g: QdqGraph, node: onnx.NodeProto, index: int, options: LowerOption
             if lo > hi:
                 return "Clip with min > max"
             clamps[0] = clamp_of(outputs[0], lo, hi)
-        ctx = LowerCtx(node, g, operands, outputs, clamps, lut_items_in_bits=options.lut_items_in_bits)
+        own_lut = node_lut_bits(node)
+        ctx = LowerCtx(node, g, operands, outputs, clamps,
+                       lut_items_in_bits=options.lut_items_in_bits if own_lut is None else own_lut)
         if links and not fused:
             tensors = [node.output[0], *(n.output[0] for n in links[:-1])]
             link_ctxs = [LowerCtx(n, g, [Operand(i, "chain") if i == t else classify(g, i)[0] for i in n.input], [], [])

@@ -16,6 +16,7 @@ The methods mostly look at one side of zero at a time (the grid always contains 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +24,9 @@ import numpy as np
 DEFAULT_NUM_BINS = 4096
 
 _CHUNK = 1 << 22  # values binned at a time
-_SCALAR_FIELDS = ("count", "min", "max", "hist_lo", "hist_hi", "zeros", "nonfinite")
+_SCALAR_FIELDS = ("count", "min", "max", "hist_lo", "hist_hi", "zeros", "nonfinite", "batches", "momentum",
+                  "run_min", "run_max")
+DEFAULT_MOMENTUM = 0.9
 
 
 @dataclass(eq=False)
@@ -38,12 +41,20 @@ class TensorStats:
     hist_hi: float = 0.0
     zeros: int = 0  # exact zeros: they are never rounded (zero is on every grid), MSE leaves them out
     nonfinite: int = 0  # NaN / Inf values, skipped
+    # running extremes (Compass's ``mean`` strategy): per batch, run = momentum * run + (1 - momentum) * batch
+    # extreme, the first batch's extremes to start; a batch is one update() (one calibration sample)
+    batches: int = 0
+    momentum: float = DEFAULT_MOMENTUM
+    run_min: float = 0.0
+    run_max: float = 0.0
 
     @classmethod
-    def empty(cls, num_bins: int = DEFAULT_NUM_BINS) -> TensorStats:
+    def empty(cls, num_bins: int = DEFAULT_NUM_BINS, momentum: float = DEFAULT_MOMENTUM) -> TensorStats:
         if num_bins < 16:
             raise ValueError(f"num_bins must be at least 16, got {num_bins}")
-        return cls(hist=np.zeros(int(num_bins), np.int64))
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        return cls(hist=np.zeros(int(num_bins), np.int64), momentum=float(momentum))
 
     @property
     def num_bins(self) -> int:
@@ -81,12 +92,35 @@ class TensorStats:
             if x.size == 0:
                 return
             lo, hi = float(x.min()), float(x.max())
+        finite = x
+        self.add_batch(int(x.size), lo, hi, int(x.size - np.count_nonzero(x)),
+                       lambda g_lo, g_hi, n: _bin_counts(finite, g_lo, g_hi, n))
+
+    def add_batch(self, count: int, lo: float, hi: float, zeros: int,
+                  bin_counts: Callable[[float, float, int], np.ndarray]) -> None:
+        """One batch of ``count`` > 0 finite values in [lo, hi], ``zeros`` of them exact zeros.
+
+        Every update path ends here: numpy's :meth:`update` and the torch one that reduces on the
+        tensor's device (:mod:`pulsar.quant.observers.torch_stats`), so a per-batch field is added
+        once. ``bin_counts(grid_lo, grid_hi, n)`` bins the values on the grid grown to hold them.
+        """
         self._cover(lo, hi)
-        self.hist += _bin_counts(x, self.hist_lo, self.hist_hi, self.num_bins)
-        self.count += int(x.size)
-        self.zeros += int(x.size - np.count_nonzero(x))
+        self.hist += bin_counts(self.hist_lo, self.hist_hi, self.num_bins)
+        self.count += count
+        self.zeros += zeros
         self.min = min(self.min, lo)
         self.max = max(self.max, hi)
+        self.add_batch_extremes(lo, hi)
+
+    def add_batch_extremes(self, lo: float, hi: float) -> None:
+        """One batch's extremes into the running ones (every update path calls this once per batch)."""
+        if self.batches == 0:
+            self.run_min, self.run_max = lo, hi
+        else:
+            m = self.momentum
+            self.run_min = m * self.run_min + (1.0 - m) * lo
+            self.run_max = m * self.run_max + (1.0 - m) * hi
+        self.batches += 1
 
     def merge(self, other: TensorStats) -> None:
         """Add another tensor's statistics (e.g. tensors that must share one range)."""
@@ -102,6 +136,12 @@ class TensorStats:
         self.nonfinite += other.nonfinite
         self.min = min(self.min, other.min)
         self.max = max(self.max, other.max)
+        # tensors sharing a range: the running range must hold both running ranges
+        if self.batches == 0:
+            self.run_min, self.run_max = other.run_min, other.run_max
+        else:
+            self.run_min, self.run_max = min(self.run_min, other.run_min), max(self.run_max, other.run_max)
+        self.batches += other.batches
 
     def _cover(self, lo: float, hi: float) -> None:
         """Make the histogram grid contain [lo, hi], merging old bins exactly when it grows."""
@@ -143,7 +183,7 @@ class TensorStats:
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> TensorStats:
         hist = np.asarray(arrays["hist"], dtype=np.int64).copy()
-        ints = {"count", "zeros", "nonfinite"}
+        ints = {"count", "zeros", "nonfinite", "batches"}
         kwargs = {name: int(arrays[name]) if name in ints else float(arrays[name]) for name in _SCALAR_FIELDS}
         return cls(hist=hist, **kwargs)
 

@@ -83,8 +83,12 @@ def kl_divergences(h: np.ndarray, thresholds: np.ndarray, levels: int, sub: int 
     return np.where(bad, np.inf, kl)
 
 
-def kl_threshold(h: np.ndarray, levels: int) -> float:
-    """Threshold in native bins of ``h`` (``h.size`` = no clipping)."""
+def kl_threshold(h: np.ndarray, levels: int, top_n: int = 1) -> float:
+    """Threshold in native bins of ``h`` (``h.size`` = no clipping).
+
+    ``top_n > 1`` (Compass's ``[N]kld``): the largest of the ``top_n`` thresholds with the least
+    divergence, among every whole native bin from ``levels`` up (a dense search, so that N counts
+    thresholds and not the search's own candidates); large enough an N keeps the whole range."""
     n = h.size
     mass = float(h.sum())
     if n <= levels or levels < _MIN_LEVELS or mass <= 0:
@@ -94,7 +98,11 @@ def kl_threshold(h: np.ndarray, levels: int) -> float:
         if n // factor <= levels:
             return float(n)
         merged = np.add.reduceat(h, np.arange(0, n, factor))
-        return min(float(n), factor * kl_threshold(merged, levels))
+        return min(float(n), factor * kl_threshold(merged, levels, top_n))
+    if top_n > 1:
+        dense = np.arange(levels, n + 1, dtype=np.float64)
+        kl = np.concatenate([kl_divergences(h, dense[i:i + 512], levels) for i in range(0, dense.size, 512)])
+        return float(dense[np.argsort(kl, kind="stable")[:top_n]].max())
     cands = np.linspace(levels, n, _COARSE)
     step = cands[1] - cands[0]
     kl = kl_divergences(h, cands, levels)
@@ -112,10 +120,11 @@ def kl_range(stats: TensorStats, spec: GridSpec) -> tuple[float, float]:
     sides = side_histograms(stats, exclude_zeros=True)
     w = sides.width
     if spec.symmetric:
-        t = kl_threshold(sides.folded(), spec.levels // 2) * w
+        t = kl_threshold(sides.folded(), spec.levels // 2, spec.kl_top_n) * w
         return -t, t
     if sides.neg.size == 0 or sides.pos.size == 0:
-        return -kl_threshold(sides.neg, spec.levels) * w, kl_threshold(sides.pos, spec.levels) * w
+        return (-kl_threshold(sides.neg, spec.levels, spec.kl_top_n) * w,
+                kl_threshold(sides.pos, spec.levels, spec.kl_top_n) * w)
     # both signs share one grid: each side gets levels in proportion to its extent, then to its
     # clipped extent once known
     t_neg, t_pos, lv_neg = float(sides.neg.size), float(sides.pos.size), -spec.levels
@@ -124,6 +133,6 @@ def kl_range(stats: TensorStats, spec: GridSpec) -> tuple[float, float]:
         if abs(split - lv_neg) <= spec.levels // 32:  # the split barely moved: thresholds stand
             break
         lv_neg = split
-        t_neg = kl_threshold(sides.neg, lv_neg)
-        t_pos = kl_threshold(sides.pos, spec.levels - lv_neg)
+        t_neg = kl_threshold(sides.neg, lv_neg, spec.kl_top_n)
+        t_pos = kl_threshold(sides.pos, spec.levels - lv_neg, spec.kl_top_n)
     return -t_neg * w, t_pos * w

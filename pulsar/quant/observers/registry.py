@@ -28,6 +28,8 @@ class GridSpec:
     symmetric: bool = False
     percentile: float = 99.99
     std_n: float = 3.0
+    kl_top_n: int = 1  # KL: the largest of the N best thresholds (Compass's [N]kld)
+    weighted_alpha: float | None = None  # WeightedScale: weight of the positive side; None: searched
 
     @property
     def levels(self) -> int:
@@ -80,6 +82,8 @@ def compute_range(
     symmetric: bool = False,
     percentile: float = 99.99,
     std_n: float = 3.0,
+    kl_top_n: int = 1,
+    weighted_alpha: float | None = None,
 ) -> tuple[float, float]:
     """Clipping range ``(lo, hi)`` with ``lo <= 0 <= hi`` for one tensor.
 
@@ -95,7 +99,12 @@ def compute_range(
         raise ValueError(f"percentile must be in (50, 100], got {percentile}")
     if stats.count == 0:
         return 0.0, 0.0
-    spec = GridSpec(num_bits=num_bits, signed=signed, symmetric=symmetric, percentile=percentile, std_n=std_n)
+    if kl_top_n < 1:
+        raise ValueError(f"kl_top_n must be at least 1, got {kl_top_n}")
+    if weighted_alpha is not None and not 0.0 <= weighted_alpha <= 1.0:
+        raise ValueError(f"weighted_alpha must be in [0, 1], got {weighted_alpha}")
+    spec = GridSpec(num_bits=num_bits, signed=signed, symmetric=symmetric, percentile=percentile, std_n=std_n,
+                    kl_top_n=kl_top_n, weighted_alpha=weighted_alpha)
     lo, hi = fn(stats, spec)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise RuntimeError(f"calibration method {method} returned a non-finite range ({lo}, {hi})")
