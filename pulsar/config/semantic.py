@@ -12,6 +12,7 @@ import onnx
 
 from pulsar.config.validate import ConfigError
 from pulsar.errors import did_you_mean
+from pulsar.utils.user_code import is_spec
 
 if TYPE_CHECKING:
     from pulsar.config.generated import BuildConfig
@@ -42,7 +43,13 @@ def check_against_model(cfg: BuildConfig, model: onnx.ModelProto, source: str = 
 
     for i, ic in enumerate(cfg.quant.input_configs):
         need(f"quant.input_configs[{i}].tensor_name", ic.tensor_name, inputs, "an input", True)
-        if not Path(ic.calibration_dataset).exists():
+        if is_spec(ic.calibration_dataset):  # a dataset plugin file.py:callable, imported when the data opens
+            plugin_file = ic.calibration_dataset.rpartition(":")[0]
+            if not Path(plugin_file).is_file():
+                problems.append(f"quant.input_configs[{i}].calibration_dataset: plugin {ic.calibration_dataset}: file "
+                                f"'{plugin_file}' does not exist; check the path (relative paths start at the current "
+                                "directory)")
+        elif not Path(ic.calibration_dataset).exists():
             problems.append(f"quant.input_configs[{i}].calibration_dataset: '{ic.calibration_dataset}' does not "
                             "exist (a directory, .tar, .tar.gz or .zip; relative paths start at the current "
                             "directory)")

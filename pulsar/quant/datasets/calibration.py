@@ -20,6 +20,7 @@ import numpy as np
 
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.quant.datasets.formats import FORMATS, Reader
+from pulsar.quant.datasets.plugin import PluginFeed, is_plugin
 from pulsar.quant.datasets.sources import Member, Source, open_source
 from pulsar.quant.datasets.spec import DEFAULT_TENSOR, DatasetConfig, InputSpec
 
@@ -97,9 +98,11 @@ class CalibrationData:
         self._per_input = self._resolve(self._inputs, self._configs)
         self._sources: dict[str, Source] = {}
         self._closed = False
+        self._plugin: PluginFeed | None = None
         try:
-            self._feeds = self._make_feeds()
-            self._names = self._match()
+            self._plugin = self._open_plugin()
+            self._feeds = [] if self._plugin else self._make_feeds()
+            self._names = [str(i) for i in range(self._plugin.count)] if self._plugin else self._match()
         except BaseException:
             self.close()
             raise
@@ -111,7 +114,7 @@ class CalibrationData:
         explicit: dict[str, DatasetConfig] = {}
         default: DatasetConfig | None = None
         for cfg in configs:
-            if cfg.calibration_format not in FORMATS:
+            if cfg.calibration_format not in FORMATS and not is_plugin(cfg):
                 raise PulsarError(
                     f"{cfg.field_path}.calibration_format: '{cfg.calibration_format}' is not a calibration "
                     f"format{did_you_mean(cfg.calibration_format, FORMATS)}; use one of {', '.join(FORMATS)}"
@@ -152,9 +155,26 @@ class CalibrationData:
                     f"model input '{spec.name}' has no calibration data; add a quant.input_configs entry with "
                     f"tensor_name '{spec.name}' or 'DEFAULT'"
                 )
-            FORMATS[cfg.calibration_format].validate(spec, cfg)
+            if not is_plugin(cfg):  # a plugin's arrays are checked as they come (plugin.py)
+                FORMATS[cfg.calibration_format].validate(spec, cfg)
             resolved[spec.name] = cfg
         return resolved
+
+    def _open_plugin(self) -> PluginFeed | None:
+        """A dataset plugin feeds every input (samples have no names to pair with files); None without one."""
+        plugins = {c.calibration_dataset for c in self._per_input.values() if is_plugin(c)}
+        if not plugins:
+            return None
+        first = next(c for c in self._configs if c in self._per_input.values() and is_plugin(c))
+        for spec in self._inputs:
+            cfg = self._per_input[spec.name]
+            if cfg.calibration_dataset != first.calibration_dataset:
+                raise PulsarError(
+                    f"{cfg.field_path}.calibration_dataset: input '{spec.name}' reads '{cfg.calibration_dataset}' but "
+                    f"{first.field_path} names the plugin {first.calibration_dataset}; a plugin feeds every input "
+                    f"(tensor_name DEFAULT), so yield '{spec.name}' from it too and drop this entry")
+        configs = list(dict.fromkeys(self._per_input.values()))
+        return PluginFeed(configs, self._inputs)
 
     def _open(self, cfg: DatasetConfig) -> Source:
         key = str(Path(cfg.calibration_dataset).expanduser().resolve())
@@ -252,6 +272,9 @@ class CalibrationData:
         return self._stream()
 
     def _stream(self) -> Iterator[dict[str, np.ndarray]]:
+        if self._plugin is not None:
+            yield from self._plugin.stream()
+            return
         for name in self._names:
             arrays: dict[str, np.ndarray] = {}
             for feed in self._feeds:
@@ -274,8 +297,9 @@ class CalibrationData:
                     "input": spec.name,
                     "shape": list(spec.shape),
                     "dataset": cfg.calibration_dataset,
-                    "format": cfg.calibration_format,
-                    "tensor_format": spec.tensor_format if cfg.calibration_format == "Image" else None,
+                    "format": "Plugin" if self._plugin else cfg.calibration_format,
+                    "tensor_format": spec.tensor_format if cfg.calibration_format == "Image" and not self._plugin
+                    else None,
                     "mean": list(cfg.calibration_mean),
                     "std": list(cfg.calibration_std),
                     "samples": len(self),
@@ -289,6 +313,11 @@ class CalibrationData:
         Stamps are modification times for directories and tar members and CRCs for zip members, so
         the key changes when data changes without any file contents being read.
         """
+        if self._plugin is not None:  # the arrays' hash: what the plugin yields, wherever it reads it from
+            inputs = [[s.name, list(s.shape), s.dtype.str] for s in self._inputs]
+            payload: dict[str, Any] = {"version": _FINGERPRINT_VERSION, "plugin": self._plugin.digest,
+                                       "count": self._plugin.count, "inputs": inputs}
+            return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
         feeds = []
         for feed in self._feeds:
             feeds.append(
