@@ -27,6 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from pulsar.compiler.lower.qdq_graph import inferable
+from pulsar.core.plugin_session import inference_session
 from pulsar.core.tensors import initializer_array
 from pulsar.errors import PulsarError
 
@@ -207,7 +208,7 @@ def _run_once(model: onnx.ModelProto, what: str, hint: str) -> None:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # errors name the model's nodes
     options.log_severity_level = 3
     try:
-        sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        sess = inference_session(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape],
                                   np.dtype(_ORT_TYPES.get(i.type, "float32"))) for i in sess.get_inputs()}
         sess.run(None, feeds)
@@ -228,7 +229,7 @@ def _session(model: onnx.ModelProto) -> Any:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return inference_session(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def _random(info: Any, shape: list[int], rng: np.random.Generator) -> np.ndarray:

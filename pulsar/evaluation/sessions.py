@@ -15,6 +15,7 @@ import onnxruntime as ort
 
 from pulsar.core.ort_errors import ort_guard
 from pulsar.core.ort_options import reference_session_options
+from pulsar.core.plugin_session import inference_session
 from pulsar.core.tensors import TensorInfo
 
 
@@ -42,7 +43,7 @@ class OrtSession:
         shown = name if name is not None else model if not isinstance(model, bytes) else "the model"
         self._what = f"running {shown}"
         with ort_guard(f"loading {shown}", _FIX):
-            self._sess = ort.InferenceSession(model if isinstance(model, bytes) else str(model), opts,
+            self._sess = inference_session(model if isinstance(model, bytes) else str(model), opts,
                                               providers=["CPUExecutionProvider"])
         self.inputs = [TensorInfo(i.name, tuple(d if isinstance(d, int) else -1 for d in i.shape),
                                   np.dtype(_ORT_DTYPES.get(i.type, np.float32))) for i in self._sess.get_inputs()]

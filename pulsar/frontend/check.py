@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from pulsar.core.plugin_session import inference_session
 from pulsar.errors import PulsarError
 from pulsar.frontend.graph import graph_input_names
 
@@ -24,12 +25,14 @@ Sample = dict[str, np.ndarray]
 
 
 def session(model: onnx.ModelProto, *, optimize: bool = False) -> ort.InferenceSession:
-    """A CPU session on an in-memory model, graph optimizations off unless asked for."""
+    """A CPU session on an in-memory model, graph optimizations off unless asked for (operator-plugin
+    nodes run their forward: :func:`pulsar.core.plugin_session.inference_session`)."""
     options = ort.SessionOptions()
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    sess: ort.InferenceSession = inference_session(model, options, ["CPUExecutionProvider"])
+    return sess
 
 
 def random_samples(model: onnx.ModelProto, count: int = 2, seed: int = 0) -> list[Sample]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import onnx
 
+from pulsar.core.custom_ops import node_op
 from pulsar.core.float_ops import FLOAT_FORMATS, FLOAT_OPS, float_format
 from pulsar.errors import PulsarError
 from pulsar.quant.ops import (
@@ -107,6 +109,9 @@ def _rule_for(node: onnx.NodeProto, prec: NodePrecision, plan: QuantPlan,
             return MANUAL_OPS[node.op_type], f"manual op moved to the NPU by layer_configs ({prec.data_type})"
         return None, (f"manual op: kept in float on the CPU for accuracy; to quantize it add a layer_configs "
                       f'entry {{"op_type": "{node.op_type}", "data_type": "U16"}}')
+    plugin = node_op(node)
+    if plugin is not None:
+        return None, f"operator plugin op {plugin.name} ({Path(plugin.source).name}): its float forward runs on the CPU"
     return None, "not supported by the NPU: runs on the CPU"
 
 

@@ -17,9 +17,9 @@ from typing import Protocol
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from pulsar.core.ort_options import reference_session_options
+from pulsar.core.plugin_session import inference_session
 from pulsar.quant.analysis import analyze
 from pulsar.quant.analysis.metrics import Accumulator, slice_aware_cosine
 from pulsar.quant.ops import COMPUTE_OPS as _OP_COMPUTE
@@ -43,9 +43,9 @@ def end_to_end_cosine(float_model: onnx.ModelProto, qmodel: onnx.ModelProto,
     where an output with a slice that lost most of its signal scores that slice's cosine instead
     (:func:`pulsar.quant.analysis.metrics.slice_aware_cosine`): a detector whose class-score rows are
     flattened must not look 0.999 good because its box rows dominate the tensor."""
-    f = ort.InferenceSession(float_model.SerializeToString(), providers=["CPUExecutionProvider"])
-    q = ort.InferenceSession(qmodel.SerializeToString(), reference_session_options(),
-                             providers=["CPUExecutionProvider"])
+    f = inference_session(float_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    q = inference_session(qmodel.SerializeToString(), reference_session_options(),
+                          providers=["CPUExecutionProvider"])
     names = [o.name for o in q.get_outputs()]
     steps = output_steps(qmodel)
     accs = {n: Accumulator() for n in names}

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from pulsar.core.ort_options import reference_session_options
+from pulsar.core.plugin_session import inference_session
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.quant.ops import FUSED_ACTIVATIONS
 from pulsar.quant.scheme import MIN_SCALE
@@ -287,7 +287,7 @@ class FloatValues:
         known = {o.name for o in m.graph.output}
         m.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
                               for n in names if n not in known)
-        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        sess = inference_session(m.SerializeToString(), providers=["CPUExecutionProvider"])
         runs = [sess.run(names, s) for s in samples]
         same = all(r[i].shape == runs[0][i].shape for r in runs for i in range(len(names)))
         self.values: dict[str, list[np.ndarray]] = {}
@@ -340,7 +340,7 @@ class Runner:
         opts = reference_session_options()
         # between runs numpy works on the outputs: idle onnxruntime threads should not spin on a core
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        self.sess = inference_session(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
     @staticmethod
     def _dq_value(qmodel: onnx.ModelProto, inits: Inits, name: str) -> np.ndarray:

@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from pulsar.core.ort_options import reference_session_options
+from pulsar.core.plugin_session import inference_session
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.quant.analysis.metrics import COSINE_OK, Accumulator, SliceScore
 
@@ -271,7 +271,7 @@ def analyze(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto, samples: I
                           f"choose one of {sorted(METHODS)}")
     t0 = time.perf_counter()
     model, probes = _merged_model(float_model, qdq_model, method)
-    sess = ort.InferenceSession(model.SerializeToString(), reference_session_options(),
+    sess = inference_session(model.SerializeToString(), reference_session_options(),
                                 providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     out_names = [o.name for o in sess.get_outputs()]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from pulsar.core.custom_ops import node_op
 from pulsar.quant.finetune.blocks import Block
 from pulsar.quant.torch_exec.ops import TORCH_OPS
 
@@ -41,6 +42,9 @@ _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorPro
 
 def passes_gradient(node: onnx.NodeProto) -> bool:
     """Whether the node's outputs can carry a gradient at all."""
+    plugin = node_op(node)
+    if plugin is not None:  # an operator plugin's op: gradients only through its torch_forward
+        return plugin.torch_forward is not None
     if node.op_type in NO_GRAD_OPS or node.op_type not in TORCH_OPS:
         return False
     if node.op_type in ("Cast", "CastLike"):
@@ -50,7 +54,9 @@ def passes_gradient(node: onnx.NodeProto) -> bool:
 
 
 def blocking_op(node: onnx.NodeProto) -> str:
-    why = "runs in onnxruntime" if node.op_type not in TORCH_OPS else "no gradient"
+    plugin = node_op(node)
+    why = ("operator plugin op without torch_forward" if plugin is not None else
+           "runs in onnxruntime" if node.op_type not in TORCH_OPS else "no gradient")
     return f"{node.op_type} ({node.name}: {why})"
 
 

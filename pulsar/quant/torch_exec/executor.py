@@ -20,6 +20,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
+from pulsar.core.custom_ops import node_op
 from pulsar.core.float_ops import FLOAT_FORMATS
 from pulsar.errors import PulsarError
 from pulsar.quant.graph import QuantGraph
@@ -32,7 +33,7 @@ from pulsar.quant.torch_exec.fake_quant import (
     rectified_sigmoid,
     rectified_sigmoid_inverse,
 )
-from pulsar.quant.torch_exec.fallback import OrtNode
+from pulsar.quant.torch_exec.fallback import OrtNode, PluginNode, node_runner
 from pulsar.quant.torch_exec.ops import TORCH_OPS, Call
 from pulsar.quant.torch_exec.ops.registry import GraphRunner
 
@@ -67,7 +68,11 @@ def _graphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
 def unsupported_ops(model: onnx.ModelProto | onnx.GraphProto) -> list[str]:
     """Node names / op types the executor cannot run (in the graph and in every subgraph)."""
     graph = model.graph if isinstance(model, onnx.ModelProto) else model
-    out = [f"{n.op_type} ({n.name})" for n in graph.node if n.op_type not in TORCH_OPS and n.op_type != "Constant"]
+    def in_torch(n: onnx.NodeProto) -> bool:  # an operator plugin's op runs in torch with its torch_forward
+        plugin = node_op(n)
+        return plugin.torch_forward is not None if plugin is not None else n.op_type in TORCH_OPS or n.op_type == "Constant"
+
+    out = [f"{n.op_type} ({n.name})" for n in graph.node if not in_torch(n)]
     for n in graph.node:
         for g in _graphs(n):
             out += unsupported_ops(g)
@@ -179,11 +184,11 @@ class QuantExecutor:
         self.calls = [_attrs(n, self.opset) for n in self.nodes]
         self.has_graph = [bool(_graphs(n)) for n in self.nodes]
         # nodes torch cannot run: onnxruntime runs them, without a gradient
-        self.fallback = {i: OrtNode(n, qg.model.opset_import) for i, n in enumerate(self.nodes)
-                         if n.op_type not in TORCH_OPS and n.op_type != "Constant"}
+        self.fallback = {i: node_runner(n, qg.model.opset_import) for i, n in enumerate(self.nodes)
+                         if node_op(n) is not None or (n.op_type not in TORCH_OPS and n.op_type != "Constant")}
         # subgraphs: node list and attributes per body, keyed by the id of the (held) body graph
         self._bodies: dict[int, tuple[onnx.GraphProto, list[onnx.NodeProto], list[dict[str, object]]]] = {}
-        self._body_fallback: dict[tuple[int, int], OrtNode] = {}
+        self._body_fallback: dict[tuple[int, int], OrtNode | PluginNode] = {}
         self.graph_inputs = {i.name for i in g.input}
         self.consts: dict[str, Tensor] = {}
         for t in g.initializer:
@@ -330,10 +335,10 @@ class QuantExecutor:
                 continue
             call = Call(attrs, [env[n] if n else None for n in node.input])
             outs: Sequence[Tensor]
-            if node.op_type not in TORCH_OPS:
+            if node.op_type not in TORCH_OPS or node_op(node) is not None:
                 fb = self._body_fallback.get((id(graph), k))
                 if fb is None:
-                    fb = self._body_fallback[(id(graph), k)] = OrtNode(node, self.qg.model.opset_import)
+                    fb = self._body_fallback[(id(graph), k)] = node_runner(node, self.qg.model.opset_import)
                 outs = fb(call.inputs)
             else:
                 if _graphs(node):
