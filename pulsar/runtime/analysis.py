@@ -21,6 +21,7 @@ import onnxruntime as ort
 from pulsar.compiler.lower import LowerOptions
 from pulsar.compiler.lower.model import SubRange
 from pulsar.context import BuildContext
+from pulsar.core.plugin_session import inference_session
 from pulsar.errors import PulsarError
 from pulsar.quant.analysis import LayerPrecision, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.analysis.metrics import Accumulator
@@ -44,7 +45,7 @@ def _float_values(model: onnx.ModelProto, names: list[str]) -> ort.InferenceSess
     typed = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
     have = {o.name for o in m.graph.output}
     m.graph.output.extend(typed[n] for n in names if n in typed and n not in have)
-    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return inference_session(m.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
 def npu_backend_rows(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: dict[str, Any],

@@ -11,6 +11,12 @@ Run by the build (pulsar/api.py) right after the compiler stage wrote the compil
   does not hold the program its quantization parameters define (a corrupted multiplier, a packaging
   bug), so equality is the right test there.
 
+Each ``compiler.sub_configs`` range is checked with its own options (its check level, check_mode,
+tolerances and black list; the compiler section's where it leaves them unset), every tensor outside the
+ranges with the compiler section's: ``check: 2`` on one range and check 0 at the top level checks that
+range only (:mod:`pulsar.runtime.check_scopes`). compiler/check_result.json records, per range, the
+options, the tensors compared and the output differences.
+
 ``check_mode`` CheckPerLayer (the default) compares every tensor both runs compute (integer tensors of
 NPU subgraphs, float tensors of CPU subgraphs) in execution order, each op fed the reference's values
 of its inputs, and names the first one that fails (skipping names that match a
@@ -38,12 +44,13 @@ makes it in the reference (``real = (code - zero_point) * scale``):
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -61,8 +68,10 @@ from pulsar.core.variants import Variant, variants_of
 from pulsar.errors import PulsarError
 from pulsar.quant.analysis.metrics import Accumulator, slice_axes
 from pulsar.quant.samples import deployed_sample_dir
+from pulsar.runtime.check_scopes import CHECK_FIELDS, Runs, Scope, range_owner, range_subgraphs, scopes_of
 from pulsar.runtime.session import Session
 from pulsar.ui import plural, show, table
+from pulsar.utils.atomic import atomic_write_text
 from pulsar.utils.progress import progress_task
 
 if TYPE_CHECKING:
@@ -276,36 +285,72 @@ def _describe(got: np.ndarray, want: np.ndarray) -> str:
 
 def compare(sim: Session, ref: Session, samples: list[dict[str, np.ndarray]], c: CompilerOptions,
             ref_name: str, progress: Callable[[int], None] | None = None) -> tuple[list[tuple[int, str, str]], int]:
-    """Compare ``sim`` with ``ref`` per ``c.check`` / ``c.check_mode``; raise on the first failure.
-    Returns table rows (one per output and sample) and the number of tensor comparisons;
+    """Compare ``sim`` with ``ref`` per ``c.check`` / ``c.check_mode`` over the whole model; raise on the
+    first failure. Returns table rows (one per output and sample) and the number of tensor comparisons;
     ``progress(n)`` is called after the n-th sample."""
-    name = CHECKS[c.check]
-    black = [re.compile(p) for p in c.check_tensor_black_list]
-    per_layer = c.check_mode == "CheckPerLayer"
-    grids = quant_grids(sim.compiled) if c.check != 2 else {}
-    rows, compared = [], 0
+    (result,) = compare_scopes(sim, {Scope(c).reference: (ref, ref_name)}, samples, [Scope(c)], progress)
+    return result.rows, result.compared
+
+
+@dataclass
+class ScopeResult:
+    """What one scope's check compared: table rows (its output tensors per sample), the comparisons and
+    the tensors they covered."""
+
+    scope: Scope
+    rows: list[tuple[int, str, str]] = field(default_factory=list)
+    compared: int = 0
+    tensors: list[str] = field(default_factory=list)
+
+
+def _selected(scope: Scope, runs: Runs, owner: dict[str, int], split: set[str]
+              ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str], list[str]]:
+    """(simulated, reference, tensors to compare, tensors shown in the table) of ``scope`` for one sample."""
+    c, kind, feed = scope.c, scope.reference, runs.feed
+    if c.check_mode == "CheckPerLayer":
+        black = [re.compile(p) for p in c.check_tensor_black_list]
+        want = runs.reference_all(kind)
+        got = runs.isolated(kind)
+        names = [t for t in got if t in want and t not in feed and t not in split and scope.holds(t, owner)
+                 and not any(b.search(t) for b in black)]
+        shown = [o.name for o in runs.sim.outputs] if scope.sub is None else range_subgraphs(runs.sim.compiled,
+                                                                                              scope.sub)[1]
+        return got, want, names, shown
+    if scope.sub is None:
+        got, want = runs.outputs(kind)
+        return got, want, list(got), list(got)
+    outs = range_subgraphs(runs.sim.compiled, scope.sub)[1]
+    return runs.fed(kind, scope.sub), runs.reference_all(kind), outs, outs
+
+
+def compare_scopes(sim: Session, refs: dict[str, tuple[Session, str]], samples: list[dict[str, np.ndarray]],
+                   scopes: list[Scope], progress: Callable[[int], None] | None = None) -> list[ScopeResult]:
+    """Compare ``sim`` with the reference each scope's check level needs (``refs``: "integer" / "float" ->
+    session, name), every scope with its own options; raise on the first failure, naming the range."""
+    owner = range_owner(sim.compiled)
+    results = [ScopeResult(s) for s in scopes if s.c.check]
+    grids = quant_grids(sim.compiled) if any(s.c.check != 2 for s in scopes) else {}
+    sessions = {k: s for k, (s, _) in refs.items()}
     for i, feed in enumerate(samples):
-        if per_layer:
-            want = ref.run_all(feed)
-            got = sim.run_isolated(feed, want)
-            # a subgraph run as several smaller compiled batches was checked per layer at those batches
-            split = sim.split_outputs(next(iter(feed.values())).shape[0]) if sim.view.multi_batch else set()
-            names = [t for t in got if t in want and t not in feed and t not in split
-                     and not any(b.search(t) for b in black)]
-        else:
-            got, want = sim.run(feed), ref.run(feed)
-            names = list(got)
-        for t in names:
-            compared += 1
-            why = verdict(c.check, got[t], want[t], grids, t, c)
-            if why is not None:
-                what = "tensor" if per_layer else "output"
-                raise PulsarError(f"compiler.check {c.check} ({name}, {c.check_mode}) failed on {what} '{t}' of "
-                                  f"sample {i} against the {ref_name}: {why}")
-        rows += [(i, o.name, _describe(got[o.name], want[o.name])) for o in sim.outputs]
+        runs = Runs(sim, sessions, feed)
+        # a subgraph run as several smaller compiled batches was checked per layer at those batches
+        split = sim.split_outputs(next(iter(feed.values())).shape[0]) if sim.view.multi_batch else set()
+        for r in results:
+            c = r.scope.c
+            got, want, names, shown = _selected(r.scope, runs, owner, split)
+            for t in names:
+                r.compared += 1
+                why = verdict(c.check, got[t], want[t], grids, t, c)
+                if why is not None:
+                    what = "tensor" if c.check_mode == "CheckPerLayer" else "output"
+                    where = f" in {r.scope.label}" if r.scope.label else ""
+                    raise PulsarError(f"compiler.check {c.check} ({CHECKS[c.check]}, {c.check_mode}) failed on {what} "
+                                      f"'{t}' of sample {i}{where} against the {refs[r.scope.reference][1]}: {why}")
+            r.tensors += [t for t in names if t not in r.tensors]
+            r.rows += [(i, t, _describe(got[t], want[t])) for t in shown if t in got and t in want]
         if progress is not None:
             progress(i + 1)
-    return rows, compared
+    return results
 
 
 def _stack(samples: list[dict[str, np.ndarray]], batch: int) -> list[dict[str, np.ndarray]]:
@@ -321,15 +366,24 @@ def check_compiled(ctx: BuildContext, compiled: Path, deployed: onnx.ModelProto,
                    sub_configs: list[SubRange] | None = None, cpu_nodes: dict[str, str] | None = None,
                    variants: dict[Variant, onnx.ModelProto] | None = None) -> None:
     """Run ``compiler.check`` on every variant of the compiled model (each shape group at each compiled
-    batch); a failure is a PulsarError naming the variant and the tensor. ``sub_configs`` /
-    ``cpu_nodes``: as the compiled model was lowered (check 2 lowers each variant's graph again)."""
+    batch), each ``sub_configs`` range with its own check options (check_scopes); a failure is a
+    PulsarError naming the variant, the range and the tensor. ``sub_configs`` / ``cpu_nodes``: as the
+    compiled model was lowered (check 2 lowers each variant's graph again). Writes
+    compiler/check_result.json: per scope, its options and what it compared."""
     c = ctx.cfg.compiler
+    scopes = scopes_of(c, list(sub_configs or []))
+    active = [s for s in scopes if s.c.check]
+    for s in scopes:
+        if not s.c.check:
+            log.info("compiler check: %s not checked (check 0)", s.label or "the model")
+    if not active:
+        return
     loaded = load_compiled(compiled)
     listed = variants_of(loaded.metadata)
     deployed_of = dict(variants or {}) or {Variant(0, 1): deployed}
     several = len(listed) > 1
-    rows: list[tuple[int, str, str]] = []
-    compared = total = 0
+    results = [ScopeResult(s) for s in active]
+    total = 0
     for group in sorted({v.group for v in listed}):
         sim = Session(loaded, mode="NPUBackend", group=group)
         samples = check_samples(ctx, sim) if group == 0 else [random_inputs(sim.inputs, seed=i) for i in range(2)]
@@ -338,26 +392,54 @@ def check_compiled(ctx: BuildContext, compiled: Path, deployed: onnx.ModelProto,
         for batch in sorted({v.batch for v in listed if v.group == group}):
             variant = Variant(group, batch)
             feeds = _stack(samples, batch) if sim.view.multi_batch else samples
-            if c.check == 2:
-                ref = integer_reference(deployed_of.get(variant, deployed),
-                                        ctx.path("compiler", "check_reference.pulsar"), c.lut_items_in_bits,
-                                        sub_configs, cpu_nodes)
-                ref_name = "integer reference re-lowered from the QDQ model"
-            else:
-                ref, ref_name = Session(loaded, mode="Reference", group=group), "float QDQ reference"
+            refs: dict[str, tuple[Session, str]] = {}
+            if any(s.reference == "integer" for s in active):
+                refs["integer"] = (integer_reference(deployed_of.get(variant, deployed),
+                                                     ctx.path("compiler", "check_reference.pulsar"),
+                                                     c.lut_items_in_bits, sub_configs, cpu_nodes),
+                                   "integer reference re-lowered from the QDQ model")
+            if any(s.reference == "float" for s in active):
+                refs["float"] = (Session(loaded, mode="Reference", group=group), "float QDQ reference")
             label = f" ({variant})" if several else ""
-            what = (f"compiler check {c.check} ({CHECKS[c.check]}, {c.check_mode}, {plural(len(feeds), 'sample')})"
-                    f"{label}")
+            levels = sorted({(s.c.check, s.c.check_mode) for s in active})
+            n = plural(len(feeds), "sample")
+            what = (f"compiler check {levels[0][0]} ({CHECKS[levels[0][0]]}, {levels[0][1]}, {n}){label}"
+                    if len(levels) == 1 else "compiler check " + " and ".join(
+                        f"{k} ({CHECKS[k]}, {m})" for k, m in levels) + f" by range ({n}){label}")
             try:
                 with progress_task(ctx.stages, what, len(feeds)) as task:
-                    got, n = compare(sim, ref, feeds, c, ref_name, progress=task)
+                    got = compare_scopes(sim, refs, feeds, active, progress=task)
             except PulsarError as exc:
                 raise PulsarError(f"{variant}: {exc}" if several else str(exc)) from None
-            rows += [(i, f"{o}{label}", d) for i, o, d in got]
-            compared += n
+            for acc, r in zip(results, got, strict=True):
+                acc.rows += [(i, f"{o}{label}", d) for i, o, d in r.rows]
+                acc.compared += r.compared
+                acc.tensors += [t for t in r.tensors if t not in acc.tensors]
             total += len(feeds)
-    show(table(f"Compiler check {c.check} ({CHECKS[c.check]}, {c.check_mode}) vs "
-               f"{'the references' if c.check == 2 else 'float QDQ reference'}: pass",
-               ["sample", "output", "difference"], rows), quiet=ctx.quiet)
-    log.info("compiler check %d passed: %d tensor comparisons over %s%s", c.check, compared,
-             plural(total, "sample"), f" in {len(listed)} variants" if several else "")
+    _report(ctx, scopes, results, total, len(listed) if several else 0)
+
+
+def _report(ctx: BuildContext, scopes: list[Scope], results: list[ScopeResult], samples: int,
+            variants: int) -> None:
+    """One table and log line per checked scope, and compiler/check_result.json."""
+    entries = []
+    for s in scopes:
+        c, r = s.c, next((x for x in results if x.scope is s), None)
+        on = f" on {s.label}" if s.label else ""
+        entry: dict[str, Any] = {"range": s.label or "model", "sub_config": s.sub,
+                                 "start_tensor_names": list(s.start), "end_tensor_names": list(s.end),
+                                 **{f: list(v) if isinstance(v := getattr(c, f), tuple) else v for f in CHECK_FIELDS}}
+        if r is None:
+            entries.append({**entry, "result": "not checked (check 0)", "comparisons": 0, "tensors": []})
+            continue
+        entries.append({**entry, "result": "pass", "comparisons": r.compared, "tensors": r.tensors,
+                        "outputs": [{"sample": i, "tensor": o, "difference": d} for i, o, d in r.rows]})
+        of = f" of {s.label}" if s.label else ""
+        show(table(f"Compiler check {c.check} ({CHECKS[c.check]}, {c.check_mode}){of} vs "
+                   f"{'the references' if c.check == 2 else 'float QDQ reference'}: pass",
+                   ["sample", "output", "difference"], r.rows), quiet=ctx.quiet)
+        log.info("compiler check %d passed%s: %d tensor comparisons over %s%s", c.check, on, r.compared,
+                 plural(samples, "sample"), f" in {variants} variants" if variants else "")
+    path = atomic_write_text(ctx.path("compiler", "check_result.json"),
+                             json.dumps({"samples": samples, "scopes": entries}, indent=2) + "\n")
+    ctx.artifacts["compiler check result"] = path

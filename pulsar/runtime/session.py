@@ -31,9 +31,11 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from pulsar.core.container import SUBGRAPH_KINDS, CompiledModel, Subgraph, load_compiled
+from pulsar.core.custom_ops import check_known_ops, ensure_plugins
 from pulsar.core.int_ops import INT_DOMAIN
 from pulsar.core.ort_errors import ort_guard
 from pulsar.core.ort_options import reference_session_options
+from pulsar.core.plugin_session import inference_session
 from pulsar.core.tensors import TensorInfo, shape_matches
 from pulsar.core.variants import variants_of
 from pulsar.errors import PulsarError, did_you_mean
@@ -129,8 +131,8 @@ def ort_runner(graph: onnx.GraphProto, name: str, opsets: list[onnx.OperatorSetI
     def create(keep: bool) -> tuple[ort.InferenceSession, list[str]]:
         m = _with_all_outputs(model) if keep else model
         try:
-            sess = ort.InferenceSession(m.SerializeToString(), reference_session_options(),
-                                        providers=["CPUExecutionProvider"])
+            sess = inference_session(m.SerializeToString(), reference_session_options(),
+                                     providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise PulsarError(
@@ -208,6 +210,11 @@ class Session:
         self.outputs: list[TensorInfo] = self.view.outputs
         self.metadata: dict = self.compiled.metadata
         self.workers = workers
+        where = f"compiled model {model}" if not isinstance(model, CompiledModel) else "compiled model"
+        ensure_plugins(self.metadata.get("op_plugins") or [], where)  # before its CPU runners are prepared
+        for sg in self.compiled.subgraphs:
+            if sg.kind == "cpu":
+                check_known_ops(sg.graph, where, "give it with --op_plugin FILE")
         graph = self.compiled.model.graph
         self._ranked = {v.name for v in graph.input if v.type.tensor_type.HasField("shape")}
         self._opsets = [op for op in self.compiled.model.opset_import if op.domain not in _CUSTOM_DOMAINS]
@@ -393,6 +400,18 @@ class Session:
             else:
                 env.update(self._run_subgraph(i, local, n, True))
         return env
+
+    def run_subgraphs(self, feeds: dict[str, np.ndarray], given: dict[str, np.ndarray],
+                      indices: Sequence[int]) -> dict[str, np.ndarray]:
+        """The outputs of subgraphs ``indices``, each fed ``given``'s values of its inputs (another mode's
+        ``run_all``): a part of the model (a compiler.sub_configs range) checked on its outputs alone;
+        ``feeds`` (the model's inputs) give the number of samples."""
+        _, n = self._check_feeds(feeds)
+        out: dict[str, np.ndarray] = {}
+        for i in indices:
+            ins, _ = self._io[i]
+            out.update(self._run_subgraph(i, {k: given[k] for k in ins}, n, False))
+        return out
 
     def run(
         self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None
