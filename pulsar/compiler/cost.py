@@ -19,6 +19,13 @@ Per op (executed one after the other, no overlap between ops):
 - memory cycles = DDR bytes / (bandwidth / clock), bandwidth = min(profile, ddr_bw_limit if > 0).
 - cycles = max(compute, memory) + the profile's fixed per-op overhead; ``bound`` says which side
   won. Pure views (Reshape, Squeeze, ...) are free unless they must flush a graph output to DDR.
+- An op that does not fit cannot double-buffer: it *spills* (load, compute, store in turn:
+  cycles = compute + memory + overhead), unless tile / slice mode splits it into pieces that fit
+  (pulsar/compiler/tiling.py): then DMA overlaps compute again (max), the halo rows and weight
+  re-reads of the pieces count as DDR bytes, and every piece pays the per-op overhead.
+- With data soft compression (pulsar/compiler/compression.py) a layer's weights cost their stored
+  (compressed) bytes of DDR traffic, plus the profile's decompression cycles on the compute side; a
+  layer whose cycles would not drop (decompression slower than the DDR time saved) stays raw.
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ from typing import Any
 
 import onnx
 
+from pulsar.compiler.compression import LayerWeights, Packed, layer_weights, weight_packing
 from pulsar.compiler.targets.profile import TargetProfile, cores_for, load_profile
+from pulsar.compiler.tiling import TilePlan, plan
 from pulsar.compiler.workload import Tensors, Workload, op_workload
 from pulsar.errors import PulsarError
 
@@ -49,6 +58,10 @@ class OpEstimate:
     start_cycle: int
     ddr_bytes: int
     workload: Workload
+    schedule: str = "onchip"            # onchip / spill / tile / slice / view
+    tiling: TilePlan | None = None      # the pieces of a tiled or sliced op
+    spill_cycles: int = 0               # a split op: what it would cost spilled (tiling off)
+    weights: LayerWeights | None = None  # soft compression on: the layer's weights as stored in DDR
 
 
 @dataclass
@@ -64,6 +77,15 @@ class SubgraphEstimate:
     ops: list[OpEstimate]
     notes: list[str] = field(default_factory=list)
     start_cycle: int = 0
+    soft_compression: bool = False
+
+    @property
+    def weight_bytes(self) -> tuple[int, int]:
+        """(raw, stored) weight bytes the ops read from DDR (equal without soft compression)."""
+        raw = sum(op.workload.weight_bytes for op in self.ops if op.workload.unit != "none")
+        stored = sum(op.weights.stored if op.weights else op.workload.weight_bytes
+                     for op in self.ops if op.workload.unit != "none")
+        return raw, stored
 
     @property
     def cycles(self) -> int:
@@ -127,6 +149,12 @@ class ModelEstimate:
     def tops(self) -> float:
         return 2.0 * self.macs / (self.time_ms * 1e-3) / 1e12 if self.cycles else 0.0
 
+    @property
+    def weight_bytes(self) -> tuple[int, int]:
+        """(raw, stored) weight bytes read from DDR by all NPU subgraphs."""
+        pairs = [s.weight_bytes for s in self.subgraphs]
+        return sum(r for r, _ in pairs), sum(s for _, s in pairs)
+
 
 # --------------------------------------------------------------------------- estimates
 
@@ -146,9 +174,54 @@ def _effective_bw(profile: TargetProfile, limit: float) -> float:
     return min(profile.ddr_bandwidth_gbps, limit) if limit > 0 else profile.ddr_bandwidth_gbps
 
 
+def _split_cost(p: TilePlan, w: Workload, in_ddr: set[str], per_cycle: float, compute: int,
+                overhead: int, weights: LayerWeights) -> tuple[TilePlan, int, int, int, int]:
+    """(plan, DDR bytes, compute, memory cycles, cycles) of a split op: its pieces read the DDR-resident
+    inputs (halo rows again), load the weights (again per piece unless resident, each load as stored and
+    expanded again) and write the outputs."""
+    loads = p.weight_bytes / weights.raw if weights.raw else 1.0
+    compute += math.ceil(weights.decompress_cycles * loads)
+    ddr = p.read_bytes(in_ddr) + w.bytes_written + math.ceil(weights.stored * loads)
+    memory = math.ceil(ddr / per_cycle)
+    return p, ddr, compute, memory, max(compute, memory) + overhead * p.n
+
+
+@dataclass(frozen=True)
+class _Timing:
+    schedule: str
+    split: TilePlan | None
+    ddr: int
+    compute: int
+    memory: int
+    cycles: int
+    spilled: int
+
+
+def _timing(w: Workload, schedule: str, act_ddr: int, weights: LayerWeights, compute: int, plans: list[TilePlan],
+            in_ddr: set[str], per_cycle: float, overhead: int) -> _Timing:
+    """Cycles of one op whose activations cost ``act_ddr`` DDR bytes and whose weights are stored as
+    ``weights``; a spilled op takes its cheapest split (``plans``) when there is one."""
+    ddr = act_ddr + weights.stored
+    base = compute
+    compute += weights.decompress_cycles
+    memory = math.ceil(ddr / per_cycle)
+    cycles = 0 if w.unit == "none" and ddr == 0 else max(compute, memory) + overhead
+    if schedule != "spill":
+        return _Timing(schedule, None, ddr, compute, memory, cycles, 0)
+    cycles = compute + memory + overhead  # no room to double-buffer: load, compute and store one after the other
+    if not plans:
+        return _Timing(schedule, None, ddr, compute, memory, cycles, 0)
+    split, s_ddr, s_compute, s_memory, s_cycles = min(
+        (_split_cost(p, w, in_ddr, per_cycle, base, overhead, weights) for p in plans), key=lambda c: (c[4], c[0].n))
+    return _Timing(split.mode, split, s_ddr, s_compute, s_memory, s_cycles, cycles)
+
+
 def estimate(graph: onnx.GraphProto, profile: TargetProfile | str, npu_mode: str = "NPU1",
-             ddr_bw_limit_gbps: float = 0.0, *, name: str | None = None) -> SubgraphEstimate:
-    """Sequential schedule of ``graph``'s nodes (in order) on ``profile`` with ``npu_mode``'s cores."""
+             ddr_bw_limit_gbps: float = 0.0, *, name: str | None = None, tile_mode: bool = False,
+             slice_mode: bool = False, soft_compression: bool = False) -> SubgraphEstimate:
+    """Sequential schedule of ``graph``'s nodes (in order) on ``profile`` with ``npu_mode``'s cores;
+    ``tile_mode`` / ``slice_mode``: split the ops that do not fit on chip (pulsar/compiler/tiling.py);
+    ``soft_compression``: weights stored compressed where that is smaller (pulsar/compiler/compression.py)."""
     profile = _as_profile(profile)
     cores = cores_for(profile, npu_mode)
     limit = _check_limit(ddr_bw_limit_gbps)
@@ -158,13 +231,20 @@ def estimate(graph: onnx.GraphProto, profile: TargetProfile | str, npu_mode: str
     ops: list[OpEstimate] = []
     notes: list[str] = []
     cursor = 0
+    modes = [m for m, on in (("tile", tile_mode), ("slice", slice_mode)) if on]
+    packing: dict[str, Packed] | None = weight_packing(graph) if soft_compression else None
+    expand_rate = profile.decompress_bytes_per_cycle_per_core * cores
     for node in graph.node:
         w = op_workload(node, t)
         if w.note:
             notes.append(f"{w.name}: {w.note}")
         acts = t.activations(node)
         outs = [o for o in node.output if o]
+        schedule = "onchip"
+        plans: list[TilePlan] = []
+        in_ddr_before = in_ddr
         if w.unit == "none":
+            schedule = "view"
             if any(i in in_ddr for i in acts):
                 in_ddr.update(outs)
             ddr = sum(t.nbytes(o) for o in outs if o in t.graph_outputs and o not in in_ddr)
@@ -172,10 +252,11 @@ def estimate(graph: onnx.GraphProto, profile: TargetProfile | str, npu_mode: str
             ddr = sum(t.nbytes(i) for i in acts if i in in_ddr)
             ddr += sum(t.nbytes(o) for o in outs if o in t.graph_outputs)
         else:  # spills: everything streams through DDR, and its outputs live there
+            schedule = "spill"
             ddr = w.bytes_read + w.bytes_written
+            in_ddr_before = set(in_ddr)
             in_ddr.update(outs)
-        if w.unit != "none":
-            ddr += w.weight_bytes
+            plans = [p for p in (plan(node, w, t, profile.onchip_bytes, m) for m in modes) if p is not None]
         mac_rate = profile.macs_per_cycle(w.operand_bits) * cores
         if w.float_format:
             mac_rate = profile.float_macs_per_cycle(w.float_format) * cores
@@ -186,24 +267,36 @@ def estimate(graph: onnx.GraphProto, profile: TargetProfile | str, npu_mode: str
                     f"with {w.float_format}, or give the layer an integer data_type (U16) in quant.layer_configs")
         vec_rate = profile.vector_ops_per_cycle_per_core * cores
         compute = math.ceil(w.macs / mac_rate) + math.ceil(w.elementwise_ops * max(1, w.operand_bits // 8) / vec_rate)
-        memory = math.ceil(ddr / per_cycle)
-        free = w.unit == "none" and ddr == 0
-        cycles = 0 if free else max(compute, memory) + profile.op_overhead_cycles
-        bound = "compute" if compute >= memory else "memory"
-        ops.append(OpEstimate(w.name, w.op_type, cycles, compute, memory, bound, cursor, ddr, w))
-        cursor += cycles
+        raw = LayerWeights(w.weight_bytes, w.weight_bytes) if w.unit != "none" else LayerWeights(0, 0)
+        args = (compute, plans, in_ddr_before, per_cycle, profile.op_overhead_cycles)
+        timing = _timing(w, schedule, ddr, raw, *args)
+        stored = None
+        if packing is not None and raw.raw:
+            stored = layer_weights(list(node.input), packing, expand_rate)
+            packed = _timing(w, schedule, ddr, stored, *args) if stored.compressed else timing
+            if packed.cycles > timing.cycles:  # expanding costs more than the DDR time it saves: keep it raw
+                stored = raw
+            timing = packed if stored.compressed else timing
+        bound = "compute" if timing.compute >= timing.memory else "memory"
+        ops.append(OpEstimate(w.name, w.op_type, timing.cycles, timing.compute, timing.memory, bound, cursor,
+                              timing.ddr, w, timing.schedule, timing.split, timing.spilled, stored))
+        cursor += timing.cycles
     est = SubgraphEstimate(name=name or graph.name or "npu", profile=profile.name, npu_mode=npu_mode, cores=cores,
                            clock_mhz=profile.clock_mhz, ddr_bandwidth_gbps=_effective_bw(profile, limit),
-                           ops=ops, notes=notes)
+                           ops=ops, notes=notes, soft_compression=soft_compression)
     log.debug("estimate %s on %s/%s: %d ops, %d cycles, %.3f ms", est.name, profile.name, npu_mode,
               len(ops), est.cycles, est.time_ms)
     return est
 
 
 def estimate_model(subgraphs: Iterable[Any], profile: TargetProfile | str, npu_mode: str = "NPU1",
-                   ddr_bw_limit_gbps: float = 0.0) -> ModelEstimate:
+                   ddr_bw_limit_gbps: float = 0.0, *, tile_mode: bool = False,
+                   slice_mode: bool = False, soft_compression: bool = False) -> ModelEstimate:
     """Estimate every NPU subgraph (``Subgraph(name, kind, graph, options)``) back to back; CPU ones
-    are listed in ``not_estimated`` (their time depends on the host, which no profile describes)."""
+    are listed in ``not_estimated`` (their time depends on the host, which no profile describes).
+    A subgraph's own ``enable_tile_mode`` / ``enable_slice_mode`` / ``enable_data_soft_compression`` /
+    ``ddr_bw_limit`` option (a compiler.sub_configs range) overrides ``tile_mode`` / ``slice_mode`` /
+    ``soft_compression`` / ``ddr_bw_limit_gbps``."""
     profile = _as_profile(profile)
     cores = cores_for(profile, npu_mode)
     limit = _check_limit(ddr_bw_limit_gbps)
@@ -214,7 +307,12 @@ def estimate_model(subgraphs: Iterable[Any], profile: TargetProfile | str, npu_m
         if sg.kind != "npu":
             skipped.append(sg.name)
             continue
-        est = estimate(sg.graph, profile, npu_mode, limit, name=sg.name)
+        options = getattr(sg, "options", None) or {}
+        # a compiler.sub_configs range's subgraph carries the range's own ddr_bw_limit
+        est = estimate(sg.graph, profile, npu_mode, options.get("ddr_bw_limit", limit), name=sg.name,
+                       tile_mode=bool(options.get("enable_tile_mode", tile_mode)),
+                       slice_mode=bool(options.get("enable_slice_mode", slice_mode)),
+                       soft_compression=bool(options.get("enable_data_soft_compression", soft_compression)))
         est.start_cycle = cursor
         cursor += est.cycles
         done.append(est)

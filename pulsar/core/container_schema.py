@@ -77,7 +77,24 @@ METADATA_SCHEMA: dict[str, dict[str, Any]] = {
     "estimate": {
         "type": "object",
         "properties": {"target": _STR, "npu_mode": _STR, "cycles": _COUNT, "macs": _COUNT,
-                       "time_ms": {"type": "number", "minimum": 0}},
+                       "time_ms": {"type": "number", "minimum": 0},
+                       # layers split by compiler.enable_tile_mode / enable_slice_mode (pulsar/compiler/tiling.py)
+                       "tiling": {"type": "array", "items": {
+                           "type": "object", "required": ["subgraph", "layer", "mode", "axis", "tiles"],
+                           "properties": {"subgraph": _STR, "layer": _STR, "mode": {"enum": ["tile", "slice"]},
+                                          "axis": _COUNT, "tiles": {"type": "array", "minItems": 2, "items": {
+                                              "type": "array", "items": _COUNT, "minItems": 2, "maxItems": 2}}}}},
+                       # compiler.enable_data_soft_compression: weight bytes raw / as stored in DDR
+                       "soft_compression": {
+                           "type": "object", "required": ["subgraphs", "raw_bytes", "stored_bytes", "ratio", "layers"],
+                           "properties": {"subgraphs": {"type": "array", "items": _STR}, "raw_bytes": _COUNT,
+                                          "stored_bytes": _COUNT, "ratio": {"type": "number", "minimum": 0},
+                                          "layers": {"type": "array", "items": {
+                                              "type": "object",
+                                              "required": ["subgraph", "layer", "raw_bytes", "stored_bytes",
+                                                           "encoding"],
+                                              "properties": {"subgraph": _STR, "layer": _STR, "raw_bytes": _COUNT,
+                                                             "stored_bytes": _COUNT, "encoding": _STR}}}}}},
     },
     "cpu_fallbacks": {
         "type": "array",
@@ -88,6 +105,8 @@ METADATA_SCHEMA: dict[str, dict[str, Any]] = {
                  "items": {"type": "object", "required": ["group", "batch"],
                            "properties": {"group": _COUNT, "batch": {"type": "integer", "minimum": 1}}}},
     "batch_sizes": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+    "op_plugins": {"type": "array", "items": {"type": "object", "required": ["domain", "op_type", "file"],
+                                              "properties": {"domain": _STR, "op_type": _STR, "file": _STR}}},
     "batch_mode": {"enum": ["static", "dynamic"]},
     "batch_axes": {"type": "object", "additionalProperties": _COUNT},
     "shape_groups": {"type": "array", "items": {"type": "object", "required": ["inputs", "outputs"],

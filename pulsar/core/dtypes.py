@@ -46,6 +46,7 @@ DATA_TYPES: dict[str, DataType] = {t.name: t for t in (
     _int("U16", 16, False, np.uint16, TensorProto.UINT16),
     _int("S16", 16, True, np.int16, TensorProto.INT16),
     _int("S32", 32, True, np.int32, TensorProto.INT32),
+    _int("U32", 32, False, np.uint32, TensorProto.UINT32),  # LayerNorm scales only (quant.ln_scale_data_type)
     DataType("FP16", 16, True, -65504, 65504, np.float16, TensorProto.FLOAT16, is_float=True),
     DataType("BF16", 16, True, -_BF16_MAX, _BF16_MAX, ml_dtypes.bfloat16, TensorProto.BFLOAT16, is_float=True),
 )}

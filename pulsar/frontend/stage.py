@@ -10,6 +10,8 @@ import onnx
 
 from pulsar.config.semantic import check_against_model
 from pulsar.context import BuildContext
+from pulsar.core.custom_ops import check_known_ops, load_plugins
+from pulsar.core.external_data import save_with_external_data
 from pulsar.errors import PulsarError
 from pulsar.frontend.loader import load_model
 from pulsar.frontend.pass_manager import compare_models, optimize
@@ -26,7 +28,9 @@ log = logging.getLogger(__name__)
 def load_and_check(ctx: BuildContext) -> onnx.ModelProto:
     """Load the model with ``input_shapes`` applied and validate every config name against it."""
     cfg = ctx.cfg
+    load_plugins(cfg.op_plugins, "op_plugins")  # before loading: the checker needs their ops' schemas
     model = load_model(cfg.input)
+    check_known_ops(model, f"model {cfg.input}")
     shapes = parse_input_shapes(cfg.input_shapes)
     if shapes:
         model = apply_input_shapes(model, shapes)
@@ -84,6 +88,13 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
             quiet=ctx.quiet,
         )
     path = ctx.path("frontend", "optimized.onnx")
-    atomic_write_bytes(path, model.SerializeToString())
+    if opt.save_tensors_data:  # the weights in optimized.onnx.data: a small graph file, no 2 GiB limit
+        files = save_with_external_data(model, path)
+        if len(files) > 1:
+            ctx.artifacts["optimized model tensors data"] = files[1]
+        log.info("onnx_opt.save_tensors_data: %s written with %s", path.name,
+                 f"its tensors in {files[1].name}" if len(files) > 1 else "no tensor large enough to move out")
+    else:
+        atomic_write_bytes(path, model.SerializeToString())
     ctx.artifacts["optimized float model"] = path
     return model

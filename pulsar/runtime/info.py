@@ -48,7 +48,10 @@ def _estimate(est: object) -> str:
     if "macs" in est:
         parts.append(f"{est['macs']:,} MACs")
     where = " ".join(str(est[k]) for k in ("target", "npu_mode") if k in est)
-    return ", ".join(parts) + (f" on {where}" if where else "") + " (a model, not a measurement)"
+    packed = est.get("soft_compression")
+    weights = (f"; weights in DDR {packed['raw_bytes']:,} -> {packed['stored_bytes']:,} bytes (soft compression)"
+               if isinstance(packed, dict) else "")
+    return ", ".join(parts) + (f" on {where}" if where else "") + " (a model, not a measurement)" + weights
 
 
 def summary_tables(compiled: CompiledModel, path: Path) -> list[Table]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from pulsar.core.tensors import initializer_array
 from pulsar.frontend.graph import DEFAULT_DOMAINS, node_inputs
@@ -132,6 +132,38 @@ def _fold_constant_nodes(graph: onnx.GraphProto) -> None:
     graph.node.extend(keep)
 
 
+def _cast_to(node: onnx.NodeProto) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == "to"), 0) if node.op_type == "Cast" else 0
+
+
+def _fold_widened(graph: onnx.GraphProto) -> None:
+    """A 32-bit unsigned constant's widened dequantization (pulsar/quant/qdq.py: codes -> Cast(DOUBLE)
+    -> Sub(zero point) -> Mul(scale) -> Cast(FLOAT)) becomes the float initializer it computes, the
+    value onnxruntime computes: the rules see the constant (a LayerNorm scale folded into its
+    multipliers) instead of run-time arithmetic."""
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    drop: set[str] = set()
+    for last in graph.node:
+        if _cast_to(last) != TensorProto.FLOAT or not last.input:
+            continue
+        mul = producer.get(last.input[0])
+        sub = producer.get(mul.input[0]) if mul is not None and mul.op_type == "Mul" else None
+        widen = producer.get(sub.input[0]) if sub is not None and sub.op_type == "Sub" else None
+        if widen is None or _cast_to(widen) != TensorProto.DOUBLE or widen.input[0] not in inits \
+                or inits[widen.input[0]].data_type != TensorProto.UINT32 \
+                or sub.input[1] not in inits or mul.input[1] not in inits:
+            continue
+        codes = initializer_array(inits[widen.input[0]]).astype(np.float64)
+        value = (codes - initializer_array(inits[sub.input[1]])) * initializer_array(inits[mul.input[1]])
+        graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), last.output[0]))
+        drop.update(n.output[0] for n in (widen, sub, mul, last))
+    if drop:
+        keep = [n for n in graph.node if not n.output or n.output[0] not in drop]
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
 def _name_nodes(graph: onnx.GraphProto) -> None:
     """Every node gets a unique, non-empty name: integer nodes and fallbacks are reported by it."""
     seen: set[str] = set()
@@ -197,6 +229,7 @@ class QdqGraph:
         model = onnx.ModelProto()
         model.CopyFrom(qmodel)
         _fold_constant_nodes(model.graph)
+        _fold_widened(model.graph)
         _name_nodes(model.graph)
         self.model = model
         self.graph = model.graph

@@ -39,6 +39,8 @@ class TargetProfile:
     op_overhead_cycles: int = 0
     fp16_macs_per_cycle_per_core: int = 0   # 0: the NPU has no FP16 (FP16 layers are refused)
     bf16_macs_per_cycle_per_core: int = 0
+    # soft-compressed weights expanded per cycle of one core; 0: expanded by the DMA at line rate (free)
+    decompress_bytes_per_cycle_per_core: int = 0
     source: str = ""
 
     def float_macs_per_cycle(self, fmt: str) -> int:
@@ -78,10 +80,12 @@ _NUMERIC: dict[str, tuple[bool, bool, str]] = {
     "op_overhead_cycles": (True, False, "fixed cycles each op costs (launch, DMA setup)"),
     "fp16_macs_per_cycle_per_core": (True, False, "FP16 multiply-accumulates per cycle of one core (0: no FP16)"),
     "bf16_macs_per_cycle_per_core": (True, False, "BF16 multiply-accumulates per cycle of one core (0: no BF16)"),
+    "decompress_bytes_per_cycle_per_core": (True, False, "bytes of soft-compressed weights one core expands per "
+                                            "cycle (0: free, done by the DMA)"),
 }
 _TEXT = ("name", "description")
 _OPTIONAL = {"name", "description", "op_overhead_cycles", "fp16_macs_per_cycle_per_core",
-             "bf16_macs_per_cycle_per_core"}
+             "bf16_macs_per_cycle_per_core", "decompress_bytes_per_cycle_per_core"}
 _ALLOWED = set(_NUMERIC) | set(_TEXT)
 
 
