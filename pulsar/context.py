@@ -35,6 +35,8 @@ class BuildContext:
 
     # where the artifacts go when the build succeeds (output_dir is then the staging folder)
     final_output_dir: Path | None = None
+    # the float model's file name for the compiled model's metadata (a recompile's input is a build dir)
+    source_model: str | None = None
 
     @property
     def float_model(self) -> onnx.ModelProto:

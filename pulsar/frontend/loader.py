@@ -55,12 +55,21 @@ def default_opset(model: onnx.ModelProto) -> int | None:
 CONFIG_INPUT = "`input` in the config"  # where a build's model path comes from unless the caller says
 
 
+def is_quant_output(path: str | Path) -> bool:
+    """``path`` is a build's output dir or quant dir (the input of model_type QuantModel, not a model)."""
+    path = Path(path)
+    return path.is_dir() and any((path / d / "quantized.onnx").is_file() for d in ("quant", "."))
+
+
 def check_model_path(path: str | Path, source: str = CONFIG_INPUT) -> Path:
     """The model path exists and is a non-empty file; ``source`` names where the path came from
     (``--input`` or the config's ``input``), so the message points at what to fix."""
     path = Path(path)
     if not path.exists():
         raise PulsarError(f"model file {path} does not exist; check {source}")
+    if is_quant_output(path):
+        raise PulsarError(f"model path {path} is a pulsar build's output; to compile its quantized model again "
+                          "without calibration set model_type QuantModel (--model_type QuantModel)")
     if not path.is_file():
         raise PulsarError(f"model path {path} is not a file; point {source} at the .onnx file itself")
     if path.stat().st_size == 0:
