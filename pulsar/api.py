@@ -13,6 +13,7 @@ from pulsar.config import load_build_config
 from pulsar.context import BuildContext
 from pulsar.errors import PulsarError
 from pulsar.preflight import preflight
+from pulsar.recompile import RecompilePlan, copy_quant_artifacts, plan_recompile, recompile_preflight
 from pulsar.runtime.runner import run_model
 from pulsar.ui import Stages, build_log, setup_logging, show, table
 from pulsar.utils.atomic import atomic_write_text
@@ -60,14 +61,16 @@ def build(input: str | Path | None = None, output_dir: str | Path | None = None,
         overrides["output_dir"] = str(output_dir)
     t0 = time.perf_counter()
     with build_log() as blog, terminate_as_interrupt():
-        eff = load_build_config(config, overrides)
+        plan = plan_recompile(config, overrides)  # model_type QuantModel / QuantAxModel, else None
+        eff = plan.eff if plan else load_build_config(config, overrides)
         cfg = eff.cfg
         out = Path(cfg.output_dir)
         check_dir_path(out, "output_dir")
         if cfg.work_dir:
             check_dir_path(Path(cfg.work_dir), "work_dir")
-        ctx = BuildContext(cfg=cfg, data=eff.data, config_hash=eff.hash, output_dir=out,
-                           work_dir=Path(cfg.work_dir) if cfg.work_dir else out, stages=Stages(quiet), quiet=quiet)
+        ctx = BuildContext(cfg=cfg, data=eff.data, config_hash=plan.config_hash if plan else eff.hash, output_dir=out,
+                           work_dir=Path(cfg.work_dir) if cfg.work_dir else out, stages=Stages(quiet), quiet=quiet,
+                           source_model=plan.source_model if plan else None)
         log.info("pulsar build: %s -> %s for %s %s (config hash %s)", cfg.input, out, cfg.target_hardware,
                  cfg.npu_mode, ctx.config_hash)
         if cfg.model_type == "QuantONNX":
@@ -75,6 +78,8 @@ def build(input: str | Path | None = None, output_dir: str | Path | None = None,
 
             ctx.import_quant = strip_qdq
         try:
+            if plan is not None:
+                return _recompile(ctx, plan, blog, t0)
             original, calibration = preflight(ctx)
             try:
                 with BuildOutput(out) as target:
@@ -95,7 +100,8 @@ def check_build(config: str | Path | dict[str, Any] | None, overrides: dict[str,
     """Every check a build makes before it writes anything (config, output and work dirs, model, data,
     evaluation), without building; returns the effective config. A sweep runs it for each trial
     before the first."""
-    eff = load_build_config(config, overrides)
+    plan = plan_recompile(config, overrides)
+    eff = plan.eff if plan else load_build_config(config, overrides)
     cfg = eff.cfg
     out = Path(cfg.output_dir)
     check_dir_path(out, "output_dir")
@@ -103,6 +109,9 @@ def check_build(config: str | Path | dict[str, Any] | None, overrides: dict[str,
         check_dir_path(Path(cfg.work_dir), "work_dir")
     ctx = BuildContext(cfg=cfg, data=eff.data, config_hash=eff.hash, output_dir=out,
                        work_dir=Path(cfg.work_dir) if cfg.work_dir else out, stages=Stages(quiet=True), quiet=True)
+    if plan is not None:
+        recompile_preflight(ctx, plan.source)
+        return eff
     if cfg.model_type == "QuantONNX":
         from pulsar.quant.import_qdq import strip_qdq
 
@@ -112,19 +121,20 @@ def check_build(config: str | Path | dict[str, Any] | None, overrides: dict[str,
     return eff
 
 
-def _run_compiled(ctx: BuildContext, qmodel: onnx.ModelProto, compiled: CompilerOutput) -> None:
+def _run_compiled(ctx: BuildContext, qmodel: onnx.ModelProto, compiled: CompilerOutput, analysis: bool = True) -> None:
     """The runs of the compiled model in the simulator that belong to the compile step: every subgraph
     loads in its runtime (both modes), compiler.check, then the NPUBackend precision analysis (both lower the QDQ model again as the compiler did)."""
     from pulsar.runtime.validate import check_loadable
 
     cfg = ctx.cfg
     check_loadable(compiled.path, ctx.shown(compiled.path))
-    if cfg.compiler.check:
+    # a sub_configs range may turn the check on for itself (check: 2 on one range, 0 at the top level)
+    if cfg.compiler.check or any(s.options.get("check") for s in compiled.sub_configs):
         from pulsar.runtime.check import check_compiled
 
         check_compiled(ctx, compiled.path, compiled.deployed, compiled.sub_configs, compiled.cpu_nodes,
                        compiled.variants)
-    if cfg.quant.precision_analysis and cfg.quant.precision_analysis_mode == "NPUBackend":
+    if analysis and cfg.quant.precision_analysis and cfg.quant.precision_analysis_mode == "NPUBackend":
         from pulsar.runtime.analysis import run_npu_backend_analysis
 
         qjson = json.loads(ctx.path("quant", "quant_config.json").read_text())
@@ -156,6 +166,35 @@ def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -
             run_evaluation(ctx.cfg, original, ctx.path("frontend", "optimized.onnx"),
                            ctx.path("quant", "quantized.onnx"), compiled.path, path, ctx.quiet)
             ctx.artifacts["evaluation"] = path
+    return _finish(ctx, compiled, t0)
+
+
+def _recompile(ctx: BuildContext, plan: RecompilePlan, blog: Any, t0: float) -> BuildResult:
+    """``model_type: QuantModel``: the earlier build's quantized model compiled again with this config's
+    compiler settings; no frontend, no calibration (:mod:`pulsar.recompile`)."""
+    from pulsar.compiler.stage import run_compiler
+
+    quantized = recompile_preflight(ctx, plan.source)
+    out = ctx.output_dir
+    with BuildOutput(out) as target:
+        ctx.output_dir, ctx.final_output_dir = target.staging, out
+        blog.open(target.staging / "build.log")
+        with use_scratch(target.staging):
+            ctx.artifacts["effective config"] = atomic_write_text(ctx.path("build_config.json"),
+                                                                  json.dumps(ctx.data, indent=2) + "\n")
+            copy_quant_artifacts(ctx, plan.source)
+            with ctx.stages.stage("compile"):
+                compiled = run_compiler(ctx, quantized)
+                _run_compiled(ctx, quantized.qdq_model, compiled, analysis=False)
+            result = _finish(ctx, compiled, t0)
+        target.commit()
+    return result
+
+
+def _finish(ctx: BuildContext, compiled: CompilerOutput, t0: float) -> BuildResult:
+    """The artifact and stage-time tables, and the result."""
+    st = ctx.stages
+    data = ctx.data
     ctx.artifacts["build log"] = ctx.path("build.log")
     show(table("Artifacts", ["artifact", "path"], [(k, str(ctx.shown(v))) for k, v in ctx.artifacts.items()]),
          quiet=ctx.quiet)

@@ -99,9 +99,10 @@ def _build_help() -> None:
     out_console.print(f"Usage: {_BUILD_USAGE}\n", markup=False, highlight=False)
     out_console.print("Build a compiled NPU model. Precedence: command line > config file (json/yaml/toml) > "
                       "defaults.", markup=False, highlight=False)
-    out_console.print("Bool flags: bare flag = true, or give true|false|1|0. Lists: several words or a,b,c. "
-                      "[not available yet]: the feature is not built in this version; setting the option is an "
-                      "error.\n", markup=False, highlight=False)
+    not_yet_note = (" [not available yet]: the feature is not built in this version; setting the option is an "
+                    "error." if not_yet else "")
+    out_console.print("Bool flags: bare flag = true, or give true|false|1|0. Lists: several words or a,b,c."
+                      f"{not_yet_note}\n", markup=False, highlight=False)
 
     def new_table(title: str) -> Table:
         t = Table(title=title, title_justify="left")
@@ -155,9 +156,12 @@ def _build(words: list[str]) -> None:
     if not words:
         _build_usage_error()
     overrides, others = parse_overrides(words, extra_flags=_BUILD_FLAGS)
-    if isinstance(overrides.get("input"), str) and not re.search(r"[\x00-\x1f\x7f]", overrides["input"]):
-        from pulsar.frontend.loader import check_model_path
+    from pulsar.frontend.loader import check_model_path, is_quant_output
 
+    # a recompile's input is a build dir (model_type may be in the config file): checked by the build
+    recompile = overrides.get("model_type") in ("QuantModel", "QuantAxModel")
+    if isinstance(overrides.get("input"), str) and not re.search(r"[\x00-\x1f\x7f]", overrides["input"]) \
+            and not recompile and not is_quant_output(overrides["input"]):
         check_model_path(overrides["input"], "--input")  # the config's errors name its `input` field
     from pulsar.api import build as api_build
 
@@ -185,9 +189,15 @@ def run(
                                                                             "<output_dir>/perlayer/")] = False,
     workers: Annotated[int | None, typer.Option("--workers", help="independent samples run in parallel, one "
                                                                   "core each (default: one per core)")] = None,
+    op_plugin: Annotated[list[Path] | None, typer.Option("--op_plugin", help="operator plugin file (.py) for the "
+                                                                        "model's custom ops, repeatable (default: the "
+                                                                        "files the build recorded)")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ) -> None:
+    from pulsar.core.custom_ops import load_plugins
     from pulsar.runtime.runner import run_model
+
+    load_plugins(op_plugin or [], "--op_plugin")
     from pulsar.ui import out_console, plural, print_literal, print_renderable, table
 
     result = run_model(model=model, output_dir=output_dir, input_dir=input_dir, list_file=list_file,

@@ -23,7 +23,7 @@ from pulsar.errors import PulsarError
 from pulsar.frontend.processors import attach_input_processors, attach_output_processors
 from pulsar.frontend.stage import load_and_check
 from pulsar.quant.datasets import CalibrationData
-from pulsar.quant.finetune import finetune_enabled, resolve_device
+from pulsar.quant.finetune import resolve_device
 from pulsar.quant.samples import calibration_normalization, check_sample_dirs
 from pulsar.quant.stage import open_calibration
 
@@ -155,7 +155,7 @@ def preflight(ctx: BuildContext) -> tuple[onnx.ModelProto, CalibrationData]:
                 "give smaller shapes with input_shapes (e.g. --input_shapes 'x:1x3x224x224')")
         check_input_memory(original, "input_shapes" if cfg.input_shapes else "input", hint)
         check_sample_paths(cfg)
-        if finetune_enabled(cfg.quant):
+        if cfg.quant.device != "cpu":  # calibration (and fine-tuning) run there
             resolve_device(cfg.quant.device)  # a CUDA device this machine lacks: before anything is written
         cores_for(load_profile(cfg.target_hardware), cfg.npu_mode)
         check_extra_shapes(cfg, original)

@@ -2,7 +2,7 @@
 
 ``pulsar.core`` and the neutral modules (``utils``, ``errors``, ``ui``, ``context``) sit below every
 stage and import no stage; then config < frontend < quant < compiler < runtime, each importing only
-itself and what is below it. The entry points at the top (``cli``, ``api``, ``preflight``, the
+itself and what is below it. The entry points at the top (``cli``, ``api``, ``preflight``, ``recompile``, the
 package ``__init__`` / ``__main__``) may import anything. Every import counts: module level, inside
 functions and under ``if TYPE_CHECKING``; ``import pulsar.x``, ``from pulsar.x import y``,
 ``from pulsar import x`` and relative imports.
@@ -17,9 +17,9 @@ import pulsar
 
 ROOT = Path(pulsar.__file__).parent
 
-NEUTRAL = ("core", "utils", "errors", "ui", "context")
+NEUTRAL = ("core", "utils", "errors", "ui", "context", "plugins")
 STAGES = ("config", "frontend", "quant", "compiler", "runtime", "evaluation")
-TOP = ("cli", "api", "preflight", "search", "__init__", "__main__")
+TOP = ("cli", "api", "preflight", "recompile", "search", "__init__", "__main__")
 ROOT_CONSTANTS = ("pulsar.__version__",)  # set by pulsar/__init__.py itself, which imports nothing eagerly
 RANK = {**dict.fromkeys(NEUTRAL, 0), **{s: i + 1 for i, s in enumerate(STAGES)}}
 ORDER = " < ".join([", ".join(NEUTRAL), *STAGES])

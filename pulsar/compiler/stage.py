@@ -28,10 +28,20 @@ from pulsar.compiler.op_counts import (
     subgraph_rows,
 )
 from pulsar.compiler.targets import load_profile
-from pulsar.compiler.trace import SUMMARY_COLUMNS, chrome_trace, summary_rows
+from pulsar.compiler.trace import (
+    SPLIT_COLUMNS,
+    SUMMARY_COLUMNS,
+    chrome_trace,
+    compression_summary,
+    split_rows,
+    summary_rows,
+    tile_plans,
+)
 from pulsar.compiler.variants import Lowered, build_variants, merge, metadata_for
+from pulsar.config.sub_configs import PER_RANGE
 from pulsar.context import BuildContext
 from pulsar.core.container import package, tensor_infos
+from pulsar.core.custom_ops import plugin_files
 from pulsar.core.handoff import QuantResult
 from pulsar.core.variants import Variant
 from pulsar.frontend.processors import attach_input_processors, attach_output_processors
@@ -58,24 +68,24 @@ def attach_processors(ctx: BuildContext, qmodel: onnx.ModelProto, notes: list[st
     return model
 
 
-# sub-config options that act per subgraph; the others are recorded in the subgraph's options only
-_PER_SUBGRAPH = ("lut_items_in_bits",)
 _RANGE_KEYS = ("start_tensor_names", "end_tensor_names", "sub_configs")
 
 
 def sub_ranges(compiler: CompilerConfig) -> list[SubRange]:
     """compiler.sub_configs as lowering ranges; an option a sub-config leaves unset inherits the
-    top-level compiler option (the schema does not fill sub-config defaults for that reason)."""
+    top-level compiler option (the schema does not fill sub-config defaults for that reason). The
+    options in PER_RANGE act on the range's subgraphs: lowering, batches, estimate, compiler.check."""
     top = {f.name: getattr(compiler, f.name) for f in dataclasses.fields(compiler) if f.name not in _RANGE_KEYS}
     out = []
     for i, sc in enumerate(compiler.sub_configs):
         own = {k: getattr(sc, k, None) for k in top if getattr(sc, k, None) is not None}
         options = {k: list(v) if isinstance(v, tuple) else v for k, v in {**top, **own}.items()}
         out.append(SubRange(f"sub{i}", list(sc.start_tensor_names), list(sc.end_tensor_names), options))
-        ignored = sorted(k for k, v in own.items() if k not in _PER_SUBGRAPH and v != top[k])
+        # the config refuses or resets what cannot act per range (pulsar/config/sub_configs.py): never silent
+        ignored = sorted(k for k, v in own.items() if k not in PER_RANGE and v != top[k])
         if ignored:
-            log.info("compiler.sub_configs[%d]: %s recorded in the subgraph's options only; they act on the whole "
-                     "model (check, check_mode ... stay global)", i, ", ".join(ignored))
+            log.warning("compiler.sub_configs[%d]: %s cannot act per range; the compiler section's value acts on "
+                        "the whole model", i, ", ".join(ignored))
     return out
 
 
@@ -85,9 +95,9 @@ def _show_sub_configs(lowered: LoweredModel, subs: list[SubRange]) -> None:
         if k is None:
             continue
         sub = subs[k]
-        log.info("sub_config %s (%s -> %s): NPU subgraph %s, %d ops, lut_items_in_bits %s", sub.name,
+        log.info("sub_config %s (%s -> %s): NPU subgraph %s, %d ops, lut_items_in_bits %s, check %s", sub.name,
                  ", ".join(sub.start_tensor_names), ", ".join(sub.end_tensor_names), sg.name, len(sg.graph.node),
-                 sub.options.get("lut_items_in_bits"))
+                 sub.options.get("lut_items_in_bits"), sub.options.get("check"))
 
 
 def _show_placement(ctx: BuildContext, lowered: LoweredModel, qmodel: onnx.ModelProto, deployed: onnx.ModelProto,
@@ -119,19 +129,40 @@ def _estimate(ctx: BuildContext, lowered: LoweredModel, trace_name: str = "npu_p
     """Cost-model estimate of the NPU subgraphs on the target; the Chrome trace with compiler.npu_perf."""
     cfg = ctx.cfg
     profile = load_profile(cfg.target_hardware)
-    est = estimate_model(lowered.subgraphs, profile, cfg.npu_mode, cfg.compiler.ddr_bw_limit)
+    est = estimate_model(lowered.subgraphs, profile, cfg.npu_mode, cfg.compiler.ddr_bw_limit,
+                         tile_mode=cfg.compiler.enable_tile_mode, slice_mode=cfg.compiler.enable_slice_mode,
+                         soft_compression=cfg.compiler.enable_data_soft_compression)
+    plans = tile_plans(est)
     if show_table:
         rows = [["-" if r[k] is None else f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k])
                  for k in SUMMARY_COLUMNS] for r in summary_rows(est)]
         show(table(f"Performance estimate: {profile.name}, {cfg.npu_mode} (a model, not a measurement)",
                    list(SUMMARY_COLUMNS), rows), quiet=ctx.quiet)
+        split = split_rows(est)
+        if split:
+            show(table(f"Layers larger than {profile.name}'s on-chip memory ({profile.onchip_memory_kib:g} KiB): "
+                       "tiled / sliced (compiler.enable_tile_mode / enable_slice_mode) or spilled to DDR",
+                       list(SPLIT_COLUMNS), split), quiet=ctx.quiet)
+        for p in plans:
+            log.info("%s mode: %s split into %d pieces along axis %d", p["mode"], p["layer"], len(p["tiles"]),
+                     p["axis"])
     if cfg.compiler.npu_perf:
         trace = chrome_trace(est, ctx.path("compiler", trace_name))
         ctx.artifacts[f"NPU performance trace {trace_name} (chrome://tracing, Perfetto)"
                       if trace_name != "npu_perf_trace.json"
                       else "NPU performance trace (chrome://tracing, Perfetto)"] = trace
-    return {"target": profile.name, "npu_mode": cfg.npu_mode, "cycles": int(est.cycles),
-            "time_ms": round(float(est.time_ms), 6), "macs": int(est.macs)}
+    out = {"target": profile.name, "npu_mode": cfg.npu_mode, "cycles": int(est.cycles),
+           "time_ms": round(float(est.time_ms), 6), "macs": int(est.macs)}
+    if plans:  # the schedule of the split layers, in the compiled model's metadata
+        out["tiling"] = plans
+    packed = compression_summary(est)
+    if packed is not None:  # compiler.enable_data_soft_compression: weight bytes per layer, raw and as stored
+        out["soft_compression"] = packed
+        if show_table:
+            log.info("data soft compression: NPU weights %s -> %s bytes in DDR (ratio %.3f, %d of %d layers "
+                     "compressed)", f"{packed['raw_bytes']:,}", f"{packed['stored_bytes']:,}", packed["ratio"],
+                     sum(x["stored_bytes"] < x["raw_bytes"] for x in packed["layers"]), len(packed["layers"]))
+    return out
 
 
 def _subgraph_times(ctx: BuildContext) -> Callable[[LoweredModel], dict[str, float]]:
@@ -139,7 +170,9 @@ def _subgraph_times(ctx: BuildContext) -> Callable[[LoweredModel], dict[str, flo
     profile = load_profile(cfg.target_hardware)
 
     def times(lowered: LoweredModel) -> dict[str, float]:
-        est = estimate_model(lowered.subgraphs, profile, cfg.npu_mode, cfg.compiler.ddr_bw_limit)
+        est = estimate_model(lowered.subgraphs, profile, cfg.npu_mode, cfg.compiler.ddr_bw_limit,
+                             tile_mode=cfg.compiler.enable_tile_mode, slice_mode=cfg.compiler.enable_slice_mode,
+                             soft_compression=cfg.compiler.enable_data_soft_compression)
         return {e.name: float(e.time_ms) for e in est.subgraphs}
 
     return times
@@ -181,7 +214,7 @@ def run_compiler(ctx: BuildContext, quantized: QuantResult) -> CompilerOutput:
         "npu_mode": cfg.npu_mode,
         "config_hash": ctx.config_hash,
         "calibration_method": cfg.quant.calibration_method,
-        "source_model": Path(cfg.input).name,
+        "source_model": ctx.source_model or Path(cfg.input).name,
         "built_by": f"pulsar {__version__}",
     }
     meta["processors"] = []
@@ -214,6 +247,8 @@ def run_compiler(ctx: BuildContext, quantized: QuantResult) -> CompilerOutput:
     meta["outputs"] = tensor_infos(top.outputs)
     meta["cpu_fallbacks"] = [{"node": f.node, "op_type": f.op_type, "reason": f.reason} for f in lowered.fallbacks]
     meta["op_counts"] = counts.to_json()
+    if plugin_files(qmodel):  # pulsar run loads them (or --op_plugin) to run the plugin ops' CPU nodes
+        meta["op_plugins"] = plugin_files(qmodel)
     subgraphs = merge(built) if built.several else lowered.subgraphs
     path = package(subgraphs, inputs=top.inputs, outputs=top.outputs,
                    opset_imports=lowered.opset_imports, metadata=meta, path=ctx.path(cfg.output_name),

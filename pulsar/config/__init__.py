@@ -14,6 +14,7 @@ from pulsar.config.model import to_typed
 from pulsar.config.overrides import apply_overrides
 from pulsar.config.sanity import check_paths, check_raw, check_shapes
 from pulsar.config.schema import default_config, fill_defaults, load_schema
+from pulsar.config.sub_configs import complete_sub_configs, whole_model_options
 from pulsar.config.support import check_supported, switched_off
 from pulsar.config.validate import ConfigError, validate
 
@@ -47,6 +48,11 @@ class EffectiveConfig:
                 node = node.get(part, {}) if isinstance(node, dict) else {}
             if isinstance(node, dict):
                 node.pop(last, None)
+        compiler = keep.get("compiler") if isinstance(keep.get("compiler"), dict) else {}
+        for entry in compiler.get("sub_configs") or []:  # a range's own check options change no program
+            for dotted in _NOT_HASHED:
+                if dotted.startswith("compiler.") and isinstance(entry, dict):
+                    entry.pop(dotted.split(".", 1)[1], None)
         q = keep.get("quant") or {}
         if isinstance(q, dict) and not any(q.get(f) for f in _FINETUNE_SWITCHES):
             for f in _FINETUNE_ONLY:  # read by fine-tuning only: without it they change nothing
@@ -55,12 +61,12 @@ class EffectiveConfig:
 
 
 _FINETUNE_SWITCHES = ("enable_adaround", "enable_brecq", "enable_lsq")
-_FINETUNE_ONLY = ("finetune_epochs", "finetune_block_size", "finetune_batch_size", "finetune_lr", "finetune_loss_mask", "device")
+_FINETUNE_ONLY = ("finetune_epochs", "finetune_block_size", "finetune_batch_size", "finetune_lr", "finetune_loss_mask")
 _NOT_HASHED = ("input", "output_dir", "work_dir", "output_name", "onnx_opt.model_check",
                "quant.precision_analysis", "quant.precision_analysis_method", "quant.precision_analysis_mode",
                "quant.input_sample_dir", "compiler.check", "compiler.check_mode", "compiler.check_rtol",
                "compiler.check_atol", "compiler.check_cosine_simularity", "compiler.check_tensor_black_list",
-               "compiler.input_sample_dir", "compiler.npu_perf")
+               "compiler.input_sample_dir", "compiler.npu_perf", "quant.save_statistics")
 
 
 def _flag_named(line: str, flag_paths: list[str]) -> tuple[str, bool]:
@@ -79,10 +85,13 @@ def _from_flags(problems: list[str], flag_paths: list[str], source: str) -> Conf
 
 
 def load_build_config(config: str | Path | dict[str, Any] | None = None,
-                      overrides: dict[str, Any] | None = None, *, require_io: bool = True) -> EffectiveConfig:
-    """Merge defaults < config file < overrides, validate against the schema and the support matrix.
-    A field that has no effect without a switch that is off is reset to its default, with a warning
-    (logged on ``pulsar.config`` and kept in ``EffectiveConfig.warnings``)."""
+                      overrides: dict[str, Any] | None = None, *, require_io: bool = True,
+                      base: dict[str, Any] | None = None) -> EffectiveConfig:
+    """Merge defaults < ``base`` < config file < overrides, validate against the schema and the support
+    matrix. ``base``: an earlier build's effective config (a recompile starts from it; sections merge
+    key by key, lists and values are replaced). A field that has no effect without a switch that is off
+    is reset to its default, with a warning (logged on ``pulsar.config`` and kept in
+    ``EffectiveConfig.warnings``)."""
     if isinstance(config, dict):
         data, source = config, "config"
     elif config:
@@ -94,13 +103,13 @@ def load_build_config(config: str | Path | dict[str, Any] | None = None,
     problems += check_raw({k: v for k, v in (overrides or {}).items()})
     if problems:
         raise _from_flags(problems, flags, source)
-    merged = apply_overrides(data, overrides or {})
+    merged = apply_overrides(_deep_merge(base, data) if base else data, overrides or {})
     full = fill_defaults(merged)
     try:
         validate(full, source)
     except ConfigError as e:
         raise _from_flags(e.problems, flags, source) from None
-    warnings = tuple(_flag_named(line, flags)[0] for line in switched_off(full))
+    warnings = tuple(_flag_named(line, flags)[0] for line in switched_off(full) + whole_model_options(full))
     problems = check_paths(full) + check_shapes(full)
     if require_io:
         problems += [f"{key}: required (give --{key} or set it in the config)" for key in ("input", "output_dir")
@@ -110,4 +119,14 @@ def load_build_config(config: str | Path | dict[str, Any] | None = None,
         raise _from_flags(problems, flags, source)
     for line in warnings:
         log.warning("%s", line)
+    complete_sub_configs(full)  # build_config.json shows each range's effective options
     return EffectiveConfig(full, to_typed(full), warnings)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``: mappings merge key by key, anything else in ``top`` replaces."""
+    out = dict(base)
+    for key, value in top.items():
+        below = out.get(key)
+        out[key] = _deep_merge(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return out

@@ -36,7 +36,9 @@ class OnnxOptConfig:
     """skip running the graph before and after every optimization pass to prove it is unchanged"""
 
     save_tensors_data: bool = FILLED
-    """keep large weights on disk (external data) to bound memory"""
+    """write frontend/optimized.onnx with its tensors of 1 KiB or more in optimized.onnx.data (ONNX external
+    data): a small graph file, no 2 GiB protobuf limit
+    """
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,13 @@ class InputQuantConfig:
     """a model input, or DEFAULT for every input without its own entry"""
 
     calibration_dataset: str = FILLED
-    """directory, .tar, .tar.gz or .zip of calibration samples"""
+    """directory, .tar, .tar.gz or .zip of calibration samples; or a dataset plugin 'my_data.py:samples': a
+    Python file (relative to the current directory; its code runs) and a function called with no arguments
+    that returns an iterable (generator, list, torch Dataset) of {input_name: array} samples (numpy arrays
+    or torch tensors; a bare array for a one-input model), fed to the model as they are (calibration_format
+    is not read, calibration_mean / std are refused: preprocess in the plugin); the plugin feeds every
+    model input, so use tensor_name DEFAULT; samples are streamed, at most calibration_size of them
+    """
 
     calibration_format: Literal["Image", "Numpy", "Binary", "NumpyObject"] = FILLED
     """Image: decoded and normalized; Numpy / Binary: preprocessed tensors; NumpyObject: a dict {input: array}
@@ -112,6 +120,39 @@ class LayerConfig:
     at opset 21 (onnx's blocked DequantizeLinear)
     """
 
+    calibration_method: Literal[
+        "MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss", "Std", "Mean", "WeightedScale",
+        "InIR",
+    ] | None = None
+    """this layer's outputs: calibration method (default quant.calibration_method)"""
+
+    calibration_percentile: float | None = None
+    """this layer's outputs: Percentile method's percentile (default quant.calibration_percentile)"""
+
+    calibration_std_n: float | None = None
+    """this layer's outputs: Std method's N (default quant.calibration_std_n)"""
+
+    calibration_kl_top_n: int | None = None
+    """this layer's outputs: KL method's top N (default quant.calibration_kl_top_n)"""
+
+    calibration_weighted_alpha: float | None = None
+    """this layer's outputs: WeightedScale's alpha (default quant.calibration_weighted_alpha)"""
+
+    weight_calibration_method: Literal[
+        "MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss", "Std", "WeightedScale",
+    ] | None = None
+    """this layer's weights: calibration method (default quant.weight_calibration_method)"""
+
+    bias_bits: int | None = None
+    """this layer's integer bias: codes saturate to this many bits on the accumulator grid (default 32;
+    Compass's q_bits_bias)
+    """
+
+    lut_items_in_bits: int | None = None
+    """this layer's lookup table on the NPU: 2**N + 1 knots for 16-bit inputs (default
+    compiler.lut_items_in_bits, or its sub_config's)
+    """
+
 
 @dataclass(frozen=True)
 class AutoMixedPrecision:
@@ -146,9 +187,15 @@ class QuantConfig:
     """mixed precision per layer / op type / subgraph"""
 
     calibration_method: Literal[
-        "MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss", "Std",
+        "MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss", "Std", "Mean", "WeightedScale",
+        "InIR",
     ] = FILLED
-    """how activation ranges are chosen from the calibration statistics"""
+    """how activation ranges are chosen from the calibration statistics: MinMax (extremes), Percentile, MSE,
+    KL (entropy; calibration_kl_top_n), ACIQ_Laplace / ACIQ_Gauss (fitted distribution, optimal clipping),
+    Std (mean +- calibration_std_n sigma), Mean (running extremes with calibration_momentum), WeightedScale
+    (symmetric grids: a threshold between the two signs' extents), InIR (the ranges the model carries in
+    its quantization annotations; MinMax for tensors without one)
+    """
 
     calibration_percentile: float = FILLED
     """Percentile method: the percentile of the calibration values kept inside the range (the rest is clipped)
@@ -157,6 +204,47 @@ class QuantConfig:
     calibration_std_n: float = FILLED
     """Std method: the range is the mean +- this many standard deviations (Compass's [N]std), within the
     data's extremes
+    """
+
+    calibration_momentum: float = FILLED
+    """Mean method: running extremes per calibration sample, run = momentum * run + (1 - momentum) * sample
+    extreme (Compass's running_statistic_momentum); a statistics-collection setting, so it applies to every
+    tensor
+    """
+
+    calibration_kl_top_n: int = FILLED
+    """KL method: the largest of the N thresholds with the least divergence (Compass's [N]kld; 1: the best
+    one; large N keeps the whole range)
+    """
+
+    calibration_weighted_alpha: float | None = None
+    """WeightedScale method: the threshold is alpha * max + (1 - alpha) * |min|; null: the alpha with the
+    least expected squared error on the histogram
+    """
+
+    calibration_bins: int = FILLED
+    """bins of each tensor's calibration histogram (Compass's histc_bins): the resolution of Percentile, MSE,
+    KL, ACIQ and Std
+    """
+
+    weight_calibration_method: Literal[
+        "MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss", "Std", "WeightedScale",
+    ] = FILLED
+    """how weight ranges are chosen, per channel (per tensor with weight_granularity per_tensor): MinMax keeps
+    each channel's max |w| (at 4 bits: the clipping with the least squared error); the others apply that
+    method to the channel's values with calibration_percentile / calibration_std_n / calibration_kl_top_n /
+    calibration_weighted_alpha
+    """
+
+    save_statistics: bool = FILLED
+    """write the calibration statistics (extremes, running extremes, histograms and the ranges this build
+    chose) to quant/statistics.json, a versioned JSON file that quant.statistics_file can load on this or
+    another machine
+    """
+
+    statistics_file: str | None = None
+    """load calibration statistics from this file (written by quant.save_statistics) instead of running the
+    float model over the calibration data; a tensor's range edited by hand in the file is used as it stands
     """
 
     precision_analysis: bool = FILLED
@@ -250,7 +338,9 @@ class QuantConfig:
     """
 
     device: str = FILLED
-    """device fine-tuning trains on: cpu, cuda (the current CUDA device) or cuda:N"""
+    """device calibration's float pass and fine-tuning run on: cpu (calibration in onnxruntime), cuda (the
+    current CUDA device) or cuda:N (calibration in torch on that GPU, its statistics reduced there)
+    """
 
     auto_mixed_precision: AutoMixedPrecision = FILLED
     """search which layers to raise to 16 bits: the most sensitive first (per-layer precision analysis), until
@@ -393,13 +483,20 @@ class CompilerOptions:
     """write a Chrome trace JSON of the estimated NPU schedule"""
 
     enable_slice_mode: bool = FILLED
-    """slice scheduling to cut DDR traffic"""
+    """split a layer whose activations exceed the target's on-chip memory along its output channels into
+    pieces that fit (schedule and estimate only; results unchanged)
+    """
 
     enable_tile_mode: bool = FILLED
-    """tile scheduling to cut DDR traffic"""
+    """split a layer whose activations exceed the target's on-chip memory along its output rows (H) into
+    pieces that fit (schedule and estimate only; results unchanged)
+    """
 
     enable_data_soft_compression: bool = FILLED
-    """compress NPU weights in the compiled model"""
+    """store each NPU layer's weights compressed in DDR (zero bitmap or runs of equal codes) where that is
+    smaller than raw: less DDR weight traffic in the estimate, decompressed on the fly (estimate only;
+    results unchanged)
+    """
 
     input_sample_dir: str = FILLED
     """inputs for the compiler check, one file per input tensor; empty: calibration data"""
@@ -452,13 +549,20 @@ class SubConfig:
     """write a Chrome trace JSON of the estimated NPU schedule"""
 
     enable_slice_mode: bool | None = None
-    """slice scheduling to cut DDR traffic"""
+    """split a layer whose activations exceed the target's on-chip memory along its output channels into
+    pieces that fit (schedule and estimate only; results unchanged)
+    """
 
     enable_tile_mode: bool | None = None
-    """tile scheduling to cut DDR traffic"""
+    """split a layer whose activations exceed the target's on-chip memory along its output rows (H) into
+    pieces that fit (schedule and estimate only; results unchanged)
+    """
 
     enable_data_soft_compression: bool | None = None
-    """compress NPU weights in the compiled model"""
+    """store each NPU layer's weights compressed in DDR (zero bitmap or runs of equal codes) where that is
+    smaller than raw: less DDR weight traffic in the estimate, decompressed on the fly (estimate only;
+    results unchanged)
+    """
 
     input_sample_dir: str | None = None
     """inputs for the compiler check, one file per input tensor; empty: calibration data"""
@@ -480,7 +584,11 @@ class CompilerConfig(CompilerOptions):
     """compilation to the NPU"""
 
     sub_configs: tuple[SubConfig, ...] = FILLED
-    """ranges compiled as their own NPU subgraph with their own options"""
+    """ranges compiled as their own NPU subgraph with their own options (unset ones inherited):
+    lut_items_in_bits, batch sizes, ddr_bw_limit, tile / slice mode and the check options (check,
+    check_mode, tolerances, black list) act on the range only; input_sample_dir and npu_perf act on the
+    whole model; build_config.json lists each range's effective options
+    """
 
 
 @dataclass(frozen=True)
@@ -497,7 +605,8 @@ class EvaluationConfig:
 
     input_configs: tuple[InputQuantConfig, ...] = FILLED
     """evaluation data per model input, in the form of quant.input_configs (calibration_dataset names the
-    evaluation data, calibration_size -1 = all); the built-in metrics need it
+    evaluation data, files or a dataset plugin 'my_data.py:samples'; calibration_size -1 = all); the
+    built-in metrics need it
     """
 
     labels: str = FILLED
@@ -517,7 +626,8 @@ class BuildConfig:
     """
 
     input: str = FILLED
-    """float ONNX model (or a QDQ ONNX with model_type QuantONNX) to build; required, usually given as --input
+    """float ONNX model (or a QDQ ONNX with model_type QuantONNX, or an earlier build's output dir / quant dir
+    / quant/quantized.onnx with model_type QuantModel) to build; required, usually given as --input
     """
 
     output_dir: str = FILLED
@@ -529,9 +639,17 @@ class BuildConfig:
     work_dir: str = FILLED
     """intermediate files (calibration cache, ...); empty = output_dir"""
 
-    model_type: Literal["ONNX", "QuantONNX", "QuantAxModel"] = FILLED
-    """what --input is: a float ONNX model, a QDQ ONNX (e.g. from QAT) whose scales are kept, or pulsar's own
-    quantized artifact
+    op_plugins: tuple[str, ...] = FILLED
+    """operator plugin files (.py): each registers custom ONNX ops with pulsar.plugins.register_op (their
+    float forward runs on the CPU in calibration, the quantized model and pulsar run); the compiled model
+    records them for pulsar run
+    """
+
+    model_type: Literal["ONNX", "QuantONNX", "QuantModel", "QuantAxModel"] = FILLED
+    """what --input is: a float ONNX model, a QDQ ONNX (e.g. from QAT) whose scales are kept, or QuantModel
+    (pulsar2's name QuantAxModel is the same): an earlier pulsar build's quantized model (its output dir,
+    quant dir or quant/quantized.onnx), recompiled without calibration with every scale kept; the earlier
+    build's config is the base, only the compiler, target and processor settings act
     """
 
     target_hardware: str = FILLED

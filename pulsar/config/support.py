@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pulsar.config.schema import load_schema, resolve
+from pulsar.config.sub_configs import effective_options
 
 _NOT_YET = "not supported by this pulsar version yet"
 
@@ -78,43 +79,46 @@ _FINETUNE = "fine-tuning (quant.enable_adaround, enable_brecq or enable_lsq)"
 _AMP = "quant.auto_mixed_precision.enable"
 
 
-def _check(*levels: int) -> Callable[[dict[str, Any]], bool]:
-    return lambda c: c.get("check") in levels
+def _uses(method: str) -> Callable[[dict[str, Any]], bool]:
+    """Whether a calibration method is used anywhere: globally, for weights, or by a layer_configs entry."""
+    keys = ("calibration_method", "weight_calibration_method")
+    return lambda q: any(e.get(k) == method for e in [q, *(q.get("layer_configs") or [])] for k in keys)
+
+
+def _check(*levels: int, field: str = "", per_layer: bool = False) -> Callable[[dict[str, Any]], bool]:
+    """Whether the check levels (and CheckPerLayer) are on: in the section itself, or (at the top level) in
+    a compiler.sub_configs range that inherits ``field`` (check: 2 on one range, 0 at the top)."""
+    def on(c: dict[str, Any]) -> bool:
+        return c.get("check") in levels and (not per_layer or c.get("check_mode") == "CheckPerLayer")
+
+    return lambda c: on(c) or any(e.get(field) is None and on(effective_options(c, e))
+                                  for e in c.get("sub_configs") or [] if isinstance(e, dict))
 
 
 RULES: list[Rule] = [
-    Rule("model_type", lambda v, _c: v in ("ONNX", "QuantONNX"),
-         "QuantAxModel input (pulsar's own quantized artifact) is not available yet; use ONNX or QuantONNX"),
-    _at_default("onnx_opt.save_tensors_data"),
     Rule("quant.precision_analysis_mode", lambda v, q: v == "Reference" or q.get("precision_analysis_method") ==
          "EndToEnd", "NPUBackend runs the whole integer network: use it with precision_analysis_method EndToEnd"),
-    Rule("quant.ln_scale_data_type", lambda v, _c: v in ("FP32", "S32"),
-         "U32 has no ONNX DequantizeLinear type; use S32 or FP32"),
     Rule("quant.enable_lsq", lambda v, q: not v or not (q.get("enable_adaround") or q.get("enable_brecq")),
          "LSQ learns the weights and their scales itself, AdaRound / BRECQ learn the rounding of weights on "
          "fixed scales: enable one of them (enable_adaround with enable_brecq runs BRECQ)"),
     Rule("compiler.max_dynamic_batch_size", lambda v, c: not v or not c.get("static_batch_sizes"),
          "static (compiler.static_batch_sizes) and dynamic multi-batch exclude each other; set one of them"),
-    _at_default("compiler.enable_slice_mode"),
-    _at_default("compiler.enable_tile_mode"),
-    _at_default("compiler.enable_data_soft_compression"),
-    # per sub-config, the same not-yet features as at the top level (unset: inherited, accepted)
-    *(_at_default(f"compiler.sub_configs[*].{f}", why) for f, why in (
-        ("disable_ir_fix", "the IR fix acts on the whole graph before it is split; set compiler.disable_ir_fix"),
-        ("enable_slice_mode", _NOT_YET), ("enable_tile_mode", _NOT_YET),
-        ("enable_data_soft_compression", _NOT_YET))),
+    # per sub-config, what cannot act per range (unset: inherited, accepted)
+    _at_default("compiler.sub_configs[*].disable_ir_fix",
+                "the IR fix acts on the whole graph before it is split; set compiler.disable_ir_fix"),
 ]
 
 # fields that only act together with a switch: a warning and the default when the switch is off
 SWITCHED: list[Needs] = [
     Needs("onnx_opt.simplifier", lambda o: bool(o.get("enable_onnxsim")), "onnx_opt.enable_onnxsim"),
-    Needs("quant.calibration_percentile", lambda q: q.get("calibration_method") == "Percentile",
-          "quant.calibration_method Percentile"),
-    Needs("quant.calibration_std_n", lambda q: q.get("calibration_method") == "Std", "quant.calibration_method Std"),
+    *(Needs(f"quant.{f}", _uses(m), f"quant.calibration_method {m} (or weight_calibration_method, or a "
+            "layer_configs entry's)") for f, m in (("calibration_percentile", "Percentile"), ("calibration_std_n", "Std"),
+                                                  ("calibration_momentum", "Mean"), ("calibration_kl_top_n", "KL"),
+                                                  ("calibration_weighted_alpha", "WeightedScale"))),
     Needs("quant.smooth_quant_threshold", lambda q: bool(q.get("enable_smooth_quant")), "quant.enable_smooth_quant"),
     Needs("quant.smooth_quant_strength", lambda q: bool(q.get("enable_smooth_quant")), "quant.enable_smooth_quant"),
     *(Needs(f"quant.{f}", _finetune, _FINETUNE) for f in ("finetune_epochs", "finetune_block_size",
-                                                          "finetune_batch_size", "finetune_lr", "finetune_loss_mask", "device")),
+                                                          "finetune_batch_size", "finetune_lr", "finetune_loss_mask")),
     Needs("quant.precision_analysis_method", _analysis, "quant.precision_analysis"),
     Needs("quant.precision_analysis_mode", _analysis, "quant.precision_analysis"),
     Needs("quant.input_sample_dir", _analysis, "quant.precision_analysis (its samples)"),
@@ -124,13 +128,17 @@ SWITCHED: list[Needs] = [
     *(Needs(f"quant.auto_mixed_precision.{f}", lambda a: bool(a.get("enable")), _AMP)
       for f in ("max_16bit_layers", "target_cosine", "data_type", "num_samples")),
     Needs("compiler.disable_ir_fix", _multi_batch, _MULTI),
-    Needs("compiler.check_mode", _check(1, 2, 3), "compiler.check 1, 2 or 3"),
-    Needs("compiler.input_sample_dir", _check(1, 2, 3), "compiler.check 1, 2 or 3 (its samples)"),
-    Needs("compiler.check_rtol", _check(1), "compiler.check 1 (all-close)"),
-    Needs("compiler.check_atol", _check(1), "compiler.check 1 (all-close)"),
-    Needs("compiler.check_cosine_simularity", _check(3), "compiler.check 3 (cosine)"),
-    Needs("compiler.check_tensor_black_list", lambda c: c.get("check") in (1, 2, 3) and
-          c.get("check_mode") == "CheckPerLayer", "compiler.check 1, 2 or 3 with check_mode CheckPerLayer"),
+    Needs("compiler.input_sample_dir", _check(1, 2, 3, field="input_sample_dir"),
+          "compiler.check 1, 2 or 3 (its samples)"),
+    # the check options act per sub-config range too: a range's own value needs the range's check (its own or
+    # inherited), a top-level value also acts through the ranges that inherit it
+    *(Needs(f"compiler{at}.{f}", _check(*levels, field=f, per_layer=per_layer), f"{where}check {switch}")
+      for at, where in (("", "compiler."), (".sub_configs[*]", "this range's "))
+      for f, levels, per_layer, switch in (
+          ("check_mode", (1, 2, 3), False, "1, 2 or 3"),
+          ("check_rtol", (1,), False, "1 (all-close)"), ("check_atol", (1,), False, "1 (all-close)"),
+          ("check_cosine_simularity", (3,), False, "3 (cosine)"),
+          ("check_tensor_black_list", (1, 2, 3), True, "1, 2 or 3 with check_mode CheckPerLayer"))),
     Needs("input_processors[*].padding_constant_value", lambda p: bool(p.get("padding")), "padding"),
 ]
 
@@ -167,15 +175,23 @@ def switched_off(config: dict[str, Any]) -> list[str]:
     warnings = []
     for need in SWITCHED:
         default = schema_default(need.path)
+        ranged = need.path.startswith(_SUB)  # a range's field: its switch may be inherited, its reset inherits
         for path, value, section in _values(config, need.path.split("."), "", config):
+            if ranged:
+                section = effective_options(config.get("compiler") or {}, section)
             if value is None or value == default or need.active(section):
                 continue
-            resets.append((path, default))
+            resets.append((path, _INHERIT if ranged or default is None else default))  # no default: unset
             warnings.append(f"{path} is set ({_shown(value)}) but has no effect without {need.switch}; ignored "
-                            f"(reset to its default {_shown(default)})")
+                            + ("(removed: the range inherits the compiler section's value)" if ranged else
+                               f"(reset to its default {_shown(default)})"))
     for path, default in resets:
-        _set(config, path, copy.deepcopy(default))
+        _set(config, path, default if default is _INHERIT else copy.deepcopy(default))
     return warnings
+
+
+_SUB = "compiler.sub_configs[*]."
+_INHERIT = object()  # reset marker: remove the field (a sub-config entry then inherits it)
 
 
 def _set(config: dict[str, Any], path: str, value: Any) -> None:
@@ -184,7 +200,10 @@ def _set(config: dict[str, Any], path: str, value: Any) -> None:
     parts = [p for p in path.replace("[", ".[").split(".") if p]
     for part in parts[:-1]:
         node = node[int(part[1:-1])] if part.startswith("[") else node[part]
-    node[parts[-1]] = value
+    if value is _INHERIT:
+        del node[parts[-1]]
+    else:
+        node[parts[-1]] = value
 
 
 def _shown(value: Any) -> str:

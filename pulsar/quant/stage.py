@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 from itertools import islice
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -15,34 +16,37 @@ from onnx import numpy_helper
 
 from pulsar.config.semantic import check_layer_configs
 from pulsar.context import BuildContext
-from pulsar.core.float_ops import float_format
 from pulsar.core.handoff import QuantResult
 from pulsar.core.ort_errors import ort_guard
 from pulsar.core.ort_options import reference_session_options
+from pulsar.core.plugin_session import inference_session
 from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.algorithms import auto_mixed_precision
 from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
 from pulsar.quant.algorithms.bulk_range import widen_flattened
 from pulsar.quant.algorithms.easy_quant import easy_quant, update_params
-from pulsar.quant.algorithms.refine_scale import refine_input_ranges, weighted_layer_inputs
+from pulsar.quant.algorithms.refine_scale import weighted_layer_inputs
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.algorithms.table_inputs import widen_table_inputs
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.analysis.metrics import Accumulator, flattened_slices
 from pulsar.quant.analysis.table import publish_slices
-from pulsar.quant.attention import masked_range, masked_scores, true_scores
-from pulsar.quant.calibrate import collect_statistics, compute_ranges
+from pulsar.quant.calibrate import collect_statistics
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
 from pulsar.quant.finetune import check_finetune, finetune_enabled, run_finetune
 from pulsar.quant.graph import QuantGraph
+from pulsar.quant.in_ir import model_ranges
 from pulsar.quant.joins import join_presets
 from pulsar.quant.layer_configs import resolve_layer_precision, show_layer_config_table
+from pulsar.quant.layer_tuning import resolve_layer_tuning
 from pulsar.quant.plan import QuantPlan, make_plan
 from pulsar.quant.precision import DEFAULT_DTYPE, HIGHEST_DTYPE, NodePrecision
 from pulsar.quant.qdq import output_steps
+from pulsar.quant.ranges import RangeInputs, activation_ranges
 from pulsar.quant.samples import Samples, check_sample_dirs, open_sample_dir
-from pulsar.quant.scheme import BITS, DTYPES, TensorQuant
+from pulsar.quant.scheme import BITS, TensorQuant
 from pulsar.quant.shifts import shift_presets
+from pulsar.quant.statistics_file import load_statistics_file, write_statistics
 from pulsar.ui import show, table
 from pulsar.utils.atomic import atomic_write_bytes, atomic_write_text
 from pulsar.utils.progress import counted, progress_task, progress_tasks
@@ -102,9 +106,10 @@ def calibration_tensors(model: onnx.ModelProto) -> list[str]:
     return [n for n in names if n in floats]
 
 
-def _cache_key(model: onnx.ModelProto, data: CalibrationData) -> str:
+def _cache_key(model: onnx.ModelProto, data: CalibrationData, q: QuantConfig) -> str:
     h = hashlib.sha256(model.SerializeToString())
     h.update(data.fingerprint().encode())
+    h.update(f"bins={q.calibration_bins} momentum={q.calibration_momentum!r}".encode())
     return h.hexdigest()[:24]
 
 
@@ -138,7 +143,6 @@ def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: b
     samples before writing it: a build never ends with a quant/quantized.onnx that cannot run. The
     outputs are compared with the float model's per slice (channel and last-axis index), and a slice
     that lost most of its signal is a warning naming the tensor, the slice and the layer_configs fix."""
-    import onnxruntime as ort
 
     samples = list(islice(iter(ctx.calibration), SLICE_CHECK_SAMPLES))
     fix = ("check the quant_op_processors patch of that node" if patched else
@@ -146,10 +150,10 @@ def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: b
            '{"layer_name": ..., "data_type": "FP32"} and report the model to pulsar')
     what = "running the quantized model quant/quantized.onnx"
     with ort_guard(what, fix):
-        qsess = ort.InferenceSession(qmodel.SerializeToString(), reference_session_options(),
-                                     providers=["CPUExecutionProvider"])
-    fsess = ort.InferenceSession(ctx.float_model.SerializeToString(), reference_session_options(),
-                                 providers=["CPUExecutionProvider"])
+        qsess = inference_session(qmodel.SerializeToString(), reference_session_options(),
+                                  providers=["CPUExecutionProvider"])
+    fsess = inference_session(ctx.float_model.SerializeToString(), reference_session_options(),
+                              providers=["CPUExecutionProvider"])
     wanted = {i.name for i in qsess.get_inputs()}
     names = [o.name for o in qsess.get_outputs()]
     accs = {n: Accumulator() for n in names}
@@ -224,49 +228,6 @@ def run_precision_analysis(ctx: BuildContext, qmodel: onnx.ModelProto, qjson: di
     ctx.artifacts["precision analysis graph (mermaid)"] = mpath
 
 
-def activation_ranges(stats: dict[str, Any], plan: QuantPlan, q: QuantConfig,
-                      model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
-    """Ranges per activation, chosen for the grid its dtype gives (8 / 16 bits, signed ones symmetric)
-    by ``q.calibration_method``, then refined (unless ``q.disable_auto_refine_scale``)."""
-    ranges: dict[str, tuple[float, float]] = {}
-    own = [a for a in plan.activations if a not in plan.shared]
-    def grid(a: str) -> tuple[str, bool]:  # dtype, symmetric (activation_symmetric, else: signed ones)
-        return plan.dtypes[a], plan.symmetric.get(a, DTYPES[plan.dtypes[a]][2])
-
-    for dtype, symmetric in sorted({grid(a) for a in own if not float_format(plan.dtypes[a])}):
-        names = {a: stats[a] for a in own if grid(a) == (dtype, symmetric)}
-        signed = DTYPES[dtype][2]
-        ranges.update(compute_ranges(names, q.calibration_method, num_bits=BITS[dtype], signed=signed,
-                                     symmetric=symmetric, percentile=q.calibration_percentile,
-                                     std_n=q.calibration_std_n))
-    if not q.disable_auto_refine_scale:
-        refine_input_ranges(model, plan, stats, ranges)
-    mask_floor: dict[str, float] = {}
-    masks = masked_scores(model)
-    for m in masks:
-        quantized = sorted({plan.dominator(t) for t in m.path if t in plan.activations} & ranges.keys())
-        if not quantized:
-            continue  # the Softmax is float: the mask is added in float before it
-        scores_name = true_scores(masks, m)
-        scores = ranges.get(scores_name) or (float(stats[scores_name].min), float(stats[scores_name].max))
-        top = float(stats[m.output].max) if m.output in stats else scores[1]  # a mask may carry a bias (ALiBi, T5)
-        lo, hi = masked_range((scores[0], max(scores[1], top)))
-        for t in quantized:
-            ranges[t] = (lo, hi)
-        log.info("attention mask: %s (%s) quantized over the scores' range %.4g .. %.4g widened to %.4g .. %.4g",
-                 ", ".join(quantized), m.node, *scores, lo, hi)
-        if m.mask is not None:  # a quantized mask saturates where it pushes any score to the bottom
-            mask = plan.dominator(m.mask)
-            mask_floor[mask] = min(mask_floor.get(mask, 0.0), lo - hi)
-    for mask, floor in mask_floor.items():
-        if mask in ranges and ranges[mask][0] < floor:
-            log.info("attention mask: %s saturates at %.4g (calibrated %.4g)", mask, floor, ranges[mask][0])
-            ranges[mask] = (floor, max(ranges[mask][1], 0.0))
-    for a in plan.shared:
-        ranges[a] = ranges[plan.dominator(a)]  # passive outputs: their input's grid, no requantization
-    return ranges
-
-
 def show_placement(ctx: BuildContext, plan: QuantPlan) -> None:
     """Why each op runs where it does: CPU ops grouped by op type and reason, with the fix."""
     ops = {n.name: n.op_type for n in ctx.float_model.graph.node}
@@ -310,7 +271,7 @@ def _raised(precision: dict[str, NodePrecision], layers: list[str], dtype: str,
 
 
 def run_auto_mixed_precision(ctx: BuildContext, precision: dict[str, NodePrecision], stats: dict[str, Any],
-                             export_kw: dict[str, Any]) -> dict[str, NodePrecision]:
+                             export_kw: dict[str, Any], range_inputs: RangeInputs) -> dict[str, NodePrecision]:
     """quant.auto_mixed_precision: raise the most sensitive layers to 16 bits within the budget and
     write the resulting layer_configs for the user to keep."""
     amp, model = ctx.cfg.quant.auto_mixed_precision, ctx.float_model
@@ -329,8 +290,9 @@ def run_auto_mixed_precision(ctx: BuildContext, precision: dict[str, NodePrecisi
     def export(layers: list[str]) -> onnx.ModelProto:
         raised = _raised(precision, layers, amp.data_type, fused_into)
         plan = planned(model, raised, stats, ctx.cfg.quant)
-        ranges = activation_ranges(stats, plan, ctx.cfg.quant, model)
-        return QuantGraph.calibrated(model, plan, raised, ranges, **export_kw).to_qdq()
+        trial = RangeInputs(tuning=range_inputs.tuning, in_ir=range_inputs.in_ir, edited=range_inputs.edited)
+        ranges = activation_ranges(stats, plan, ctx.cfg.quant, model, trial)
+        return QuantGraph.calibrated(model, plan, raised, ranges, **export_kw, tuning=trial.tuning).to_qdq()
 
     with progress_tasks(ctx.stages) as new_task:
         layers, trials, ranking = auto_mixed_precision.search(model, export, samples, candidates,
@@ -392,6 +354,10 @@ def run_easy_quant(ctx: BuildContext, qg: QuantGraph) -> None:
     log.info("easy quant: %d layers searched, %d scales changed", len(rows), len(changed))
 
 
+def uses_in_ir(q: QuantConfig) -> bool:
+    return q.calibration_method == "InIR" or any(lc.calibration_method == "InIR" for lc in q.layer_configs)
+
+
 def run_quant(ctx: BuildContext) -> QuantResult:
     q = ctx.cfg.quant
     check_sample_dirs(ctx.cfg, ctx.float_model)
@@ -400,27 +366,43 @@ def run_quant(ctx: BuildContext) -> QuantResult:
         run_smooth_quant(ctx)
     model = ctx.float_model
     data = ctx.calibration
-    with ctx.stages.progress() as bar:
-        task = bar.add_task(f"calibrating ({len(data)} sample{'s' if len(data) != 1 else ''})", total=len(data))
-        stats = collect_statistics(model, calibration_tensors(model), data,
-                                   progress=lambda n: bar.update(task, completed=n),
-                                   cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, data))
+    edited: dict[str, tuple[float, float]] = {}
+    if q.statistics_file:
+        stats, edited = load_statistics_file(Path(cast(str, q.statistics_file)), calibration_tensors(model),
+                                             (q.calibration_bins, q.calibration_momentum))
+    else:
+        with ctx.stages.progress() as bar:
+            task = bar.add_task(f"calibrating ({len(data)} sample{'s' if len(data) != 1 else ''})", total=len(data))
+            stats = collect_statistics(model, calibration_tensors(model), data,
+                                       progress=lambda n: bar.update(task, completed=n),
+                                       num_bins=q.calibration_bins, momentum=q.calibration_momentum,
+                                       cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, data, q),
+                                       device=q.device)  # quant.device: cuda runs the float pass in torch there
     check_layer_configs(ctx.cfg, model)
     show_layer_config_table(q.layer_configs, ctx.quiet)
+    range_inputs = RangeInputs(tuning=resolve_layer_tuning(q.layer_configs, model, q), edited=edited,
+                               in_ir=model_ranges(ctx.cfg.input, model, calibration_tensors(model)) if uses_in_ir(q)
+                               else {})
     precision = resolve_layer_precision(q.layer_configs, model, highest_mix_precision=q.highest_mix_precision,
                                         transformer_opt_level=q.transformer_opt_level)
     precision = {**precision, **shift_presets(model, stats, precision)}
     precision = {**precision, **join_presets(model, stats, precision)}
     export_kw = {"bias_fp32": q.conv_bias_data_type == "FP32", "refine_weight_threshold": q.refine_weight_threshold}
     if q.auto_mixed_precision.enable:
-        precision = run_auto_mixed_precision(ctx, precision, stats, export_kw)
+        precision = run_auto_mixed_precision(ctx, precision, stats, export_kw, range_inputs)
     plan = planned(model, precision, stats, q)
     show_placement(ctx, plan)
     log.info("quantizing %d ops (%d activations, %d weights, %d biases); %d ops stay float",
              len(plan.quantized_nodes), len(plan.activations), len(plan.weights), len(plan.biases),
              len(plan.float_nodes))
-    ranges = activation_ranges(stats, plan, q, model)
-    qg = QuantGraph.calibrated(model, plan, precision, ranges, **export_kw, fixed=ctx.imported)
+    ranges = activation_ranges(stats, plan, q, model, range_inputs)
+    if q.save_statistics:  # hand-edited ranges stay edited (no range_by) in the file written again
+        by = {k: v for k, v in range_inputs.range_by.items() if k not in edited}
+        ctx.artifacts["calibration statistics"] = write_statistics(
+            ctx.path("quant", "statistics.json"), stats, {**range_inputs.raw, **edited}, by)
+    qg = QuantGraph.calibrated(model, plan, precision, ranges, **export_kw, fixed=ctx.imported,
+                               tuning=range_inputs.tuning)
+    qg.calibration = range_inputs.used
     if ctx.imported:
         kept = sum(1 for t in qg.params if t in ctx.imported)
         log.info("QuantONNX input: %d tensors keep their imported scales, %d calibrated", kept,

@@ -74,7 +74,7 @@ def test_field_types_follow_the_schema():
     """None only where a field may be unset after the loader filled the defaults and validated."""
     hints = typing.get_type_hints(QuantConfig)
     assert hints["calibration_method"] == Literal["MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss",
-                                                   "Std"]
+                                                   "Std", "Mean", "WeightedScale", "InIR"]
     assert hints["calibration_percentile"] is float
     assert hints["transformer_opt_level"] is int
     assert hints["enable_smooth_quant"] is bool
@@ -161,7 +161,9 @@ def test_to_typed_builds_the_generated_classes():
     assert proc.src_extra_shapes[0].shape == (1, 3)
     assert isinstance(cfg.compiler, CompilerConfig)
     (sub,) = cfg.compiler.sub_configs or ()
-    assert isinstance(sub, SubConfig) and sub.start_tensor_names == ("a",) and sub.check is None  # inherits
+    # the loader completes each range with the options it inherits (build_config.json shows them)
+    assert isinstance(sub, SubConfig) and sub.start_tensor_names == ("a",) and sub.check == cfg.compiler.check
+    assert sub.npu_perf is None  # a whole-model option: never per range
 
 
 def test_check_mode_reports_a_stale_file(tmp_path, monkeypatch, capsys):

@@ -20,6 +20,9 @@ SET: dict[str, Any] = {
     "onnx_opt.simplifier": "onnxslim",
     "quant.calibration_percentile": 99.9,
     "quant.calibration_std_n": 2.5,
+    "quant.calibration_momentum": 0.5,
+    "quant.calibration_kl_top_n": 3,
+    "quant.calibration_weighted_alpha": 0.25,
     "quant.smooth_quant_threshold": 0.3,
     "quant.smooth_quant_strength": 0.9,
     "quant.finetune_epochs": 7,
@@ -27,7 +30,6 @@ SET: dict[str, Any] = {
     "quant.finetune_batch_size": 8,
     "quant.finetune_lr": 0.01,
     "quant.finetune_loss_mask": "attention_mask",
-    "quant.device": "cuda:0",
     "quant.precision_analysis_method": "EndToEnd",
     "quant.precision_analysis_mode": "NPUBackend",
     "quant.input_sample_dir": "samples",
@@ -43,6 +45,12 @@ SET: dict[str, Any] = {
     "compiler.check_atol": 0.1,
     "compiler.check_cosine_simularity": 0.9,
     "compiler.check_tensor_black_list": ["conv.*"],
+    # a range's own check options need the range's check (its own, else inherited; check 0 here)
+    "compiler.sub_configs[*].check_mode": "CheckOutput",
+    "compiler.sub_configs[*].check_rtol": 0.1,
+    "compiler.sub_configs[*].check_atol": 0.1,
+    "compiler.sub_configs[*].check_cosine_simularity": 0.9,
+    "compiler.sub_configs[*].check_tensor_black_list": ["conv.*"],
     "input_processors[*].padding_constant_value": 3,
 }
 
@@ -50,6 +58,9 @@ SET: dict[str, Any] = {
 def _nested(dotted: str, value: Any) -> dict[str, Any]:
     if dotted.startswith("input_processors[*]."):
         return {"input_processors": [{"tensor_name": "x", dotted.split(".", 1)[1]: value}]}
+    if dotted.startswith("compiler.sub_configs[*]."):
+        return {"compiler": {"sub_configs": [{"start_tensor_names": ["a"], "end_tensor_names": ["b"],
+                                              dotted.rsplit(".", 1)[1]: value}]}}
     out: dict[str, Any] = {}
     node = out
     *parents, last = dotted.split(".")
@@ -60,9 +71,10 @@ def _nested(dotted: str, value: Any) -> dict[str, Any]:
 
 
 def _get(data: dict[str, Any], dotted: str) -> Any:
+    """The value at ``dotted``; None for a field left unset (one without a schema default)."""
     node: Any = data
     for part in dotted.replace("[*]", ".0").split("."):
-        node = node[int(part)] if part.isdigit() else node[part]
+        node = node[int(part)] if part.isdigit() else node.get(part)
     return node
 
 
@@ -122,11 +134,10 @@ def test_warnings_are_logged_once_on_pulsar_config():
 def test_contradictions_stay_errors():
     for config, needle in [
         ({"quant": {"precision_analysis": True, "precision_analysis_mode": "NPUBackend"}}, "EndToEnd"),
-        ({"quant": {"transformer_opt_level": 1, "ln_scale_data_type": "U32"}}, "U32 has no ONNX"),
         ({"quant": {"enable_lsq": True, "enable_adaround": True}}, "enable one of them"),
         ({"compiler": {"static_batch_sizes": [1, 2], "max_dynamic_batch_size": 4}}, "exclude each other"),
-        ({"compiler": {"enable_tile_mode": True}}, "not supported by this pulsar version yet"),
-        ({"model_type": "QuantAxModel"}, "QuantAxModel input"),
+        ({"compiler": {"sub_configs": [{"start_tensor_names": ["a"], "end_tensor_names": ["b"],
+                                        "disable_ir_fix": True}]}}, "acts on the whole graph"),
     ]:
         with pytest.raises(ConfigError, match=needle):
             load_build_config(config, require_io=False)

@@ -77,8 +77,9 @@ def _case_setups(root: Path, tiny: dict[str, Path]):
     cfg("input_shapes_unknown", {"quant": {"input_configs": [good]}}, ["--input_shapes", "img:1x3x16x16"],
         'did you mean "image"')
     cfg("input_shapes_rank", {"quant": {"input_configs": [good]}}, ["--input_shapes", "image:1x3x16"], "image")
-    cfg("unsupported_feature", {"quant": {"input_configs": [good]}, "compiler": {"enable_slice_mode": True}},
-        needle="compiler.enable_slice_mode: true is not accepted")
+    cfg("refused_in_a_range", {"quant": {"input_configs": [good]}, "compiler": {"sub_configs": [
+        {"start_tensor_names": ["r1"], "end_tensor_names": ["r2"], "disable_ir_fix": True}]}},
+        needle="compiler.sub_configs[0].disable_ir_fix: true is not accepted")
     cfg("bad_extension", {"quant": {"input_configs": [good]}}, needle="unsupported config file extension", ext="ini")
     cases["invalid_json"] = ('{"quant": {"calibration_method": "KL",,}}', [], "invalid JSON at line 1", "json")
     cases["invalid_yaml"] = ("quant:\n  calibration_method: [KL\n", [], "invalid YAML", "yaml")
@@ -142,7 +143,7 @@ def bad_cases(tmp_path_factory, tiny):
 CASE_NAMES = ["typo_key", "typo_section", "wrong_type", "bad_enum", "bad_enum_format", "out_of_range",
               "exclusive_batch", "two_selectors", "unknown_tensor", "unknown_layer", "unknown_op_type",
               "missing_dataset", "no_calibration", "unknown_flag", "bad_bool_flag", "bad_int_flag",
-              "bad_input_shapes", "input_shapes_unknown", "input_shapes_rank", "unsupported_feature",
+              "bad_input_shapes", "input_shapes_unknown", "input_shapes_rank", "refused_in_a_range",
               "bad_extension", "invalid_json", "invalid_yaml", "invalid_toml", "numpy_shape_mismatch",
               "binary_size", "tar_traversal", "zip_absolute", "numpy_object_pickle"]
 

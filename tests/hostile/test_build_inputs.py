@@ -468,8 +468,9 @@ CASES: list[Case] = [
          "calibration_std: only acts on calibration_format Image"),
     Case("npu_analysis_without_end_to_end", cfg(_quant(precision_analysis=True, precision_analysis_mode="NPUBackend")),
          "EndToEnd"),
-    Case("unavailable_feature_flag", flags("--compiler.enable_tile_mode"),
-         "--compiler.enable_tile_mode: true is not accepted"),
+    Case("whole_model_option_in_a_range_flag", flags("--compiler.sub_configs", json.dumps(
+        [{"start_tensor_names": ["r1"], "end_tensor_names": ["r2"], "disable_ir_fix": True}])),
+         "--compiler.sub_configs[0].disable_ir_fix: true is not accepted"),
     Case("lsq_with_adaround", flags("--quant.enable_lsq", "--quant.enable_adaround"),
          ("--quant.enable_lsq", "enable one of them")),
     Case("image_std_zero", data_dir(_image_data, calibration_format="Image", calibration_std=[1.0, 0.0, 1.0]),
