@@ -200,7 +200,8 @@ class _Timing:
 def _timing(w: Workload, schedule: str, act_ddr: int, weights: LayerWeights, compute: int, plans: list[TilePlan],
             in_ddr: set[str], per_cycle: float, overhead: int) -> _Timing:
     """Cycles of one op whose activations cost ``act_ddr`` DDR bytes and whose weights are stored as
-    ``weights``; a spilled op takes its cheapest split (``plans``) when there is one."""
+    ``weights``; a spilled op takes its cheapest split (``plans``) when there is one that is faster
+    than spilling."""
     ddr = act_ddr + weights.stored
     base = compute
     compute += weights.decompress_cycles
@@ -213,6 +214,8 @@ def _timing(w: Workload, schedule: str, act_ddr: int, weights: LayerWeights, com
         return _Timing(schedule, None, ddr, compute, memory, cycles, 0)
     split, s_ddr, s_compute, s_memory, s_cycles = min(
         (_split_cost(p, w, in_ddr, per_cycle, base, overhead, weights) for p in plans), key=lambda c: (c[4], c[0].n))
+    if s_cycles >= cycles:  # the halo / weight re-reads cost more than the overlap wins: spilling is faster
+        return _Timing(schedule, None, ddr, compute, memory, cycles, 0)
     return _Timing(split.mode, split, s_ddr, s_compute, s_memory, s_cycles, cycles)
 
 

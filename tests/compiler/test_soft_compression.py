@@ -105,8 +105,8 @@ def test_decompression_cost_from_the_profile_and_a_layer_it_does_not_pay_for_sta
 
 
 def test_a_split_layer_loads_its_weights_compressed(vnpu_s) -> None:
-    small = dataclasses.replace(vnpu_s, onchip_memory_kib=8)  # 24 KiB of activations: tiled, weights resident
-    body = _conv_body(_codes(0.7), h=16)
+    small = dataclasses.replace(vnpu_s, onchip_memory_kib=16)  # 96 KiB of activations: tiled, weights resident
+    body = _conv_body(_codes(0.7), h=32)
     (off,) = estimate(body, small, tile_mode=True).ops
     (on,) = estimate(body, small, tile_mode=True, soft_compression=True).ops
     assert off.schedule == on.schedule == "tile" and off.tiling == on.tiling and off.tiling is not None

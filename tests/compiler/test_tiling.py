@@ -163,3 +163,27 @@ def test_tiling_does_not_change_results(tiled_builds) -> None:
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
+
+
+def _depthwise_body(c: int, h: int, stride: int) -> onnx.GraphProto:
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-5, 6, [c, 1, 3, 3]).astype(np.int8), "w"),
+             numpy_helper.from_array(np.zeros(c, np.int32), "b"),
+             numpy_helper.from_array(np.ones(c, np.int64), "M"), numpy_helper.from_array(np.ones(c, np.int64), "N")]
+    ho = (h + 2 - 3) // stride + 1
+    node = helper.make_node("QConv", ["x", "w", "b", "M", "N"], ["y"], name="dw", domain="pulsar.int", x_zp=0,
+                            strides=[stride, stride], pads=[1, 1, 1, 1], dilations=[1, 1], group=c, **COMMON)
+    return helper.make_graph([node], "body", [helper.make_tensor_value_info("x", U8, [1, c, h, h])],
+                             [helper.make_tensor_value_info("y", U8, [1, c, ho, ho])], initializer=inits)
+
+
+def test_a_split_slower_than_spilling_is_not_taken() -> None:
+    """MobileNetV2's stride-2 depthwise 96 x 112 x 112 on VNPU-S: 7 row tiles re-read so many halo rows
+    that they cost more (367,116 cycles) than spilling (361,497); the layer spills."""
+    body = _depthwise_body(96, 112, 2)
+    (tiled,) = estimate(body, "VNPU-S", tile_mode=True).ops
+    (spilled,) = estimate(body, "VNPU-S").ops
+    assert spilled.schedule == "spill"
+    assert tiled.schedule == "spill" and tiled.tiling is None and tiled.cycles == spilled.cycles
+    (other,) = estimate(_depthwise_body(32, 112, 1), "VNPU-S", tile_mode=True).ops  # here the split pays
+    assert other.schedule == "tile" and other.cycles < other.spill_cycles
