@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 
 from pulsar.core.fixedpoint import quantize_multiplier
 from pulsar.runtime.kernels import common, conv
+from pulsar.runtime.kernels import int8 as kernel_int8
 from pulsar.runtime.kernels.common import OutSpec
 from pulsar.runtime.kernels.requant import Requant
 from pulsar.runtime.npu_sim import NpuProgram
@@ -75,13 +76,12 @@ def blocks(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture(params=["int8", "float32"])
+@pytest.fixture(params=["int8", "avx2", "float32"])
 def int8(request, monkeypatch):
-    """8-bit convolutions on torch._int_mm / oneDNN's quantized convolution (where this machine
-    trusts them), or all on torch's float32 convolutions."""
-    if request.param == "float32":
-        monkeypatch.setattr(conv, "int8_matmul", lambda: False)
-        monkeypatch.setattr(conv, "int8_conv", lambda: False)
+    """8-bit convolutions on torch._int_mm / oneDNN's quantized convolution (the "vnni" path, where
+    this machine trusts them), on onnxruntime's uint8 x uint8 MatMulInteger / oneDNN's depthwise
+    convolution (the "avx2" path), or all on torch's float32 convolutions."""
+    monkeypatch.setattr(kernel_int8, "FORCE", {"int8": "vnni"}.get(request.param, request.param))
     return request.param
 
 
@@ -196,10 +196,12 @@ def test_int8_paths_are_taken_where_trusted(int8):
         assert core.plan(np.dtype(np.int16), 9)[1] not in ("int8", "qconv")  # 16-bit codes: torch's float
         return [core.plan(np.dtype(dt), 9)[1] for dt in (np.uint8, np.int8)]
 
-    pw = "int8" if int8 == "int8" and conv.int8_matmul() else "float32"
+    pw = ("int8" if int8 == "int8" and conv.int8_matmul() else
+          "u8u8" if int8 == "avx2" and conv.u8u8_matmul() else "float32")
     qconv = "qconv" if int8 == "int8" and conv.int8_conv() else "float32"
+    depthwise = "qconv" if int8 != "float32" and conv.depthwise_conv() else "float32"
     assert kinds((6, 4, 1, 1)) == [pw, pw]
-    assert kinds((6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}) == [qconv, qconv]
+    assert kinds((6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}) == [depthwise, depthwise]
     assert kinds((6, 4, 3, 3), {"strides": [2, 1]}) == [qconv, qconv]  # unpadded: zp in the bias
     assert kinds((6, 4, 3, 3), {"pads": [1, 0, 1, 2]}) == ["float32"] * 2  # asymmetric pads
     assert kinds((6, 4, 1, 1), scale=2) == ["float32"] * 2  # weights past int8

@@ -26,10 +26,16 @@ shape with NHWC strides, which the next convolution reads without a copy.
   and float32 output: the uint8 codes and ``x_zp`` go in as they are (oneDNN pads with the zero
   point, i.e. real 0), the int32 sums come out converted to float32, exact under the same 2**24
   bound as the float32 path.
+Without VNNI, pointwise convolutions on 8-bit codes with int8 weights run on onnxruntime's uint8 x
+uint8 ``MatMulInteger`` (:mod:`pulsar.runtime.kernels.ort_int`, exact int32 sums; int8 codes enter as
+``x + 128`` against ``x_zp + 128``), block by block like the int8 product; the others stay on torch's
+float kernels, except depthwise ones, which oneDNN's quantized convolution runs exactly without VNNI
+as well. :func:`pulsar.runtime.kernels.int8.kernel_paths` tells which path runs.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -52,7 +58,8 @@ from pulsar.runtime.kernels.common import (
     to_torch,
     weight_minus_zero_points,
 )
-from pulsar.runtime.kernels.int8 import int8_conv, int8_matmul, onednn_conv
+from pulsar.runtime.kernels.int8 import depthwise_conv, int8_conv, int8_matmul, onednn_conv, u8u8_matmul
+from pulsar.runtime.kernels.ort_int import MAX_DEPTH, U8U8Matmul
 from pulsar.runtime.kernels.requant import Requant
 
 INT32_LIMIT = 1 << 31
@@ -114,6 +121,8 @@ class _Weights:
         self.pointwise = (not transposed and self.nd == 2 and group == 1 and w.shape[2:] == (1, 1)
                           and not any(self.pads) and self.strides == [1, 1])
         self.cout = int(self.sumabs.size)
+        # one input and one output channel per group: oneDNN's depthwise kernel (exact without VNNI)
+        self.depthwise = not transposed and self.nd == 2 and w.shape[1] == 1 and group == w.shape[0] > 1
         self.w = w
         self.spec = spec
         self.bias = channel_param(bias, "bias", self.cout, self.nd)
@@ -121,6 +130,7 @@ class _Weights:
         self.n = check_shift(channel_param(n, "N", self.cout, self.nd))
         self._torch_w: dict[str, Any] = {}
         self._packed: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self._u8u8: dict[int, U8U8Matmul] = {}
         self._rq: dict[tuple[int, int], Requant] = {}
         self._plans: dict[np.dtype, tuple[int, str | None, Requant]] = {}
 
@@ -149,7 +159,7 @@ class _Weights:
             self._torch_w[key] = torch.from_numpy(np.ascontiguousarray(self.w.reshape(self.cout, -1).T.astype(kind)))
         return self._torch_w[key]
 
-    @property
+    @functools.cached_property
     def int8_weights(self) -> bool:
         """Whether every weight is an int8 value (an int8 matrix product or quantized convolution)."""
         return self.w.size == 0 or (int(self.w.min()) >= -128 and int(self.w.max()) <= 127)
@@ -163,7 +173,32 @@ class _Weights:
         if self.pointwise:
             return "int8" if bound < INT32_LIMIT and int8_matmul() else None
         symmetric = self.pads[:2] == self.pads[2:]
-        return "qconv" if symmetric and bound < FLOAT32_EXACT and int8_conv() else None
+        trusted = int8_conv() or (self.depthwise and depthwise_conv())
+        return "qconv" if symmetric and bound < FLOAT32_EXACT and trusted else None
+
+    def u8u8_zp(self, dtype: np.dtype, x_zp: int) -> int | None:
+        """The uint8 zero point a pointwise convolution of 8-bit ``dtype`` codes passes to
+        onnxruntime's ``MatMulInteger`` (int8 codes enter as ``x + 128``), or None when that path does
+        not apply: not pointwise, weights past int8, sums that could leave int32, or not trusted."""
+        if not self.pointwise or dtype.itemsize != 1 or not self.int8_weights or self.w.shape[1] > MAX_DEPTH:
+            return None
+        zp = x_zp + (128 if dtype.kind == "i" else 0)
+        if not 0 <= zp <= 255 or self.top * centered_bound(dtype, x_zp) >= INT32_LIMIT or not u8u8_matmul():
+            return None
+        return zp
+
+    def u8u8_rows(self, x: np.ndarray) -> Any:
+        """The NHWC rows ``[N*H*W, Cin]`` of 8-bit ``x`` as uint8 (int8 codes as ``x + 128``), a view
+        when ``x`` is channels-last uint8."""
+        import torch
+
+        n, c, h, w = x.shape
+        src = to_torch(x).permute(0, 2, 3, 1)
+        if x.dtype.kind == "i":  # int8 v + 128 is v ^ 0x80 read as uint8
+            codes = scratch("conv_in/uint8", (n, h, w, c), torch.uint8)
+            torch.bitwise_xor(src.view(torch.uint8), 0x80, out=codes)
+            src = codes
+        return src.reshape(n * h * w, c).numpy()
 
     def qconv_sums(self, x: np.ndarray, zp: int) -> Any:
         """The exact sums of ``x - zp`` (8-bit codes) from oneDNN's quantized convolution as a
@@ -195,6 +230,19 @@ class _Weights:
 
         n, c, h, w = x.shape
         src = to_torch(x).permute(0, 2, 3, 1)
+        if kind == "u8u8":
+            zp = sub_zp + (128 if x.dtype.kind == "i" else 0)  # as u8u8_zp gave it to plan
+            if zp not in self._u8u8:
+                self._u8u8[zp] = U8U8Matmul(self.w.reshape(self.cout, -1).T, zp)
+            product, codes = self._u8u8[zp], self.u8u8_rows(x)
+
+            def sums(i: int, j: int) -> Any:
+                return torch.from_numpy(product(codes[i:j]))
+
+            out = rq.by_rows((n, self.cout, h, w), True, sums)
+            if out is None:
+                out = rq.torch(sums(0, n * h * w).view(n, h, w, self.cout).permute(0, 3, 1, 2))
+            return out
         if kind == "int8":
             xs = scratch("conv_in/int8", (n, h, w, c), torch.int8)
             if x.dtype.kind == "u":  # uint8 u - 128 is u ^ 0x80 read as int8
@@ -257,8 +305,9 @@ class _Weights:
 
     def plan(self, dtype: np.dtype, x_zp: int) -> tuple[int, str | None, Requant]:
         """How inputs of ``dtype`` run: (zero point subtracted from x, kind of the sums: a float type,
-        "int8" for the int8 matrix product (zero point in the bias), "qconv" for oneDNN's quantized
-        convolution (float32 sums), or None when the dtype's bound is too large for float32 and the
+        "int8" for the int8 matrix product (zero point in the bias), "u8u8" for onnxruntime's
+        ``MatMulInteger`` (zero point passed to it), "qconv" for oneDNN's quantized convolution
+        (float32 sums), or None when the dtype's bound is too large for float32 and the
         data decide, requantizer)."""
         if dtype not in self._plans:
             if dtype.kind not in "iu":
@@ -271,6 +320,8 @@ class _Weights:
 
             if self.int8_kind(dtype, self.top * 128) == "int8":  # int8 codes, zp into the bias
                 self._plans[dtype] = (0, "int8", self.requant(128, x_zp - (128 if dtype.kind == "u" else 0)))
+            elif self.u8u8_zp(dtype, x_zp) is not None:  # uint8 codes, zp into MatMulInteger
+                self._plans[dtype] = (x_zp, "u8u8", self.requant(xmax))
             elif x_zp and self.unpadded and self.top * raw < FLOAT32_EXACT:  # raw codes, zp into the bias
                 self._plans[dtype] = (0, float32(self.top * raw), self.requant(raw, x_zp))
             else:
