@@ -23,7 +23,6 @@ from pulsar.errors import PulsarError
 from pulsar.frontend.processors import attach_input_processors, attach_output_processors
 from pulsar.frontend.stage import load_and_check
 from pulsar.quant.datasets import CalibrationData
-from pulsar.quant.finetune import resolve_device
 from pulsar.quant.samples import calibration_normalization, check_sample_dirs
 from pulsar.quant.stage import open_calibration
 
@@ -156,6 +155,8 @@ def preflight(ctx: BuildContext) -> tuple[onnx.ModelProto, CalibrationData]:
         check_input_memory(original, "input_shapes" if cfg.input_shapes else "input", hint)
         check_sample_paths(cfg)
         if cfg.quant.device != "cpu":  # calibration (and fine-tuning) run there
+            from pulsar.quant.finetune import resolve_device  # imports torch: only when a device is asked for
+
             resolve_device(cfg.quant.device)  # a CUDA device this machine lacks: before anything is written
         cores_for(load_profile(cfg.target_hardware), cfg.npu_mode)
         check_extra_shapes(cfg, original)

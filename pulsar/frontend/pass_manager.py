@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,41 +98,22 @@ def _rtol_for(ref: list[dict], output: str, rtol: float) -> float:
     return rtol
 
 
-def optimize(
-    model: onnx.ModelProto,
-    passes: list[str] | None = None,
-    *,
-    check: bool = True,
-    samples: list[dict[str, np.ndarray]] | None = None,
-    rtol: float = 1e-4,
-    atol: float = ATOL,
-) -> tuple[onnx.ModelProto, list[PassRecord]]:
-    """Apply ``passes`` (default :data:`DEFAULT_PASSES`) until none changes the graph.
+def _mismatch(ref: list[dict], new: list[dict], rtol: float, atol: float) -> dict | None:
+    """The first output of ``new`` outside the tolerance against ``ref`` (None when all pass)."""
+    for row in compare_outputs(ref, new):
+        tol = _rtol_for(ref, row["output"], rtol)
+        if not (row["rel_diff"] <= tol or row["max_abs_diff"] <= atol):  # `not` also catches NaN
+            return {**row, "tol": tol}
+    return None
 
-    An output passes the check when max|a-b| <= rtol * max(max|a|, 1e-6), or when max|a-b| <= atol:
-    float32 kernels such as Sigmoid have an absolute error near 1e-7 however small the output, so
-    saturated outputs (tiny max|a|) would otherwise fail on rounding alone.
-    Works on a copy: the caller's model stays the original for the final ``model_check``.
-    """
-    names = _validate(DEFAULT_PASSES if passes is None else passes)
-    model = (
-        onnx.ModelProto.FromString(model.SerializeToString()) if model.ByteSize() <= _PROTO_LIMIT else model
-    )
-    if check and model.ByteSize() > _PROTO_LIMIT:
-        log.warning("model is over 2 GB in memory; the transformation check is skipped")
-        check = False
+
+def _fixed_point(
+    model: onnx.ModelProto, names: list[str], check: Callable[[str, onnx.ModelProto], None] | None
+) -> tuple[dict[str, PassRecord], list[str]]:
+    """Apply ``names`` to ``model`` in place until none changes it; ``check(name, model)`` after
+    every change when given. Returns the records and the passes that changed the graph."""
     records = {name: PassRecord(name) for name in names}
-    ref: list[dict] = []
-    if check:
-        samples = list(samples) if samples is not None else random_samples(model)
-        try:
-            ref = run(model, samples)
-        except Exception as exc:
-            raise PulsarError(
-                f"transformation check: onnxruntime cannot run the input model ({_first_line(exc)}); "
-                "fix the model or set `onnx_opt.disable_transformation_check: true`"
-            ) from exc
-
+    changed_names: list[str] = []
     for iteration in range(MAX_ITERATIONS):
         changed_any = False
         for name in names:
@@ -150,15 +131,79 @@ def optimize(
             if changed:
                 record.changed_iterations += 1
                 changed_any = True
-                if check:
+                changed_names.append(name)
+                if check is not None:
                     start = time.perf_counter()
-                    ref = _check(name, model, samples, ref, max(rtol, PASS_RTOL.get(name, 0.0)), atol)
+                    check(name, model)
                     record.check_seconds += time.perf_counter() - start
             record.nodes_after = len(model.graph.node)
         if not changed_any:
             break
     else:
         log.warning("frontend passes still changed the graph after %d iterations; stopping", MAX_ITERATIONS)
+    return records, changed_names
+
+
+def optimize(
+    model: onnx.ModelProto,
+    passes: list[str] | None = None,
+    *,
+    check: bool = True,
+    samples: list[dict[str, np.ndarray]] | None = None,
+    rtol: float = 1e-4,
+    atol: float = ATOL,
+) -> tuple[onnx.ModelProto, list[PassRecord]]:
+    """Apply ``passes`` (default :data:`DEFAULT_PASSES`) until none changes the graph.
+
+    An output passes the check when max|a-b| <= rtol * max(max|a|, 1e-6), or when max|a-b| <= atol:
+    float32 kernels such as Sigmoid have an absolute error near 1e-7 however small the output, so
+    saturated outputs (tiny max|a|) would otherwise fail on rounding alone.
+    The check runs once, on the final graph against the input graph (each onnxruntime session costs
+    about as much as the passes themselves); only when that fails are the passes replayed from the
+    input graph with a check after every change, so the error still names the pass that broke it.
+    Works on a copy: the caller's model stays the original for the final ``model_check``.
+    """
+    names = _validate(DEFAULT_PASSES if passes is None else passes)
+    small = model.ByteSize() <= _PROTO_LIMIT
+    source = model
+    model = onnx.ModelProto.FromString(model.SerializeToString()) if small else model
+    if check and not small:
+        log.warning("model is over 2 GB in memory; the transformation check is skipped")
+        check = False
+    ref: list[dict] = []
+    if check:
+        samples = list(samples) if samples is not None else random_samples(model)
+        try:
+            ref = run(model, samples)
+        except Exception as exc:
+            raise PulsarError(
+                f"transformation check: onnxruntime cannot run the input model ({_first_line(exc)}); "
+                "fix the model or set `onnx_opt.disable_transformation_check: true`"
+            ) from exc
+
+    records, changed = _fixed_point(model, names, None)
+    if check and changed:
+        assert samples is not None
+        tol = max(rtol, *(PASS_RTOL.get(name, 0.0) for name in changed))
+        start = time.perf_counter()
+        try:
+            bad = _mismatch(ref, run(model, samples), tol, atol)
+        except Exception:  # noqa: BLE001  the replay below names the pass onnxruntime fails after
+            bad = {"output": "?"}
+        if bad is not None:  # find the pass: replay from the input graph, checking after every change
+            log.info("transformation check: the optimized graph differs (output %s); replaying the passes "
+                     "one at a time to find the one that changed it", bad["output"])
+            model = onnx.ModelProto.FromString(source.SerializeToString())
+            state = {"ref": ref}
+
+            def each(name: str, m: onnx.ModelProto) -> None:
+                state["ref"] = _check(name, m, samples, state["ref"], max(rtol, PASS_RTOL.get(name, 0.0)), atol)
+
+            records, changed = _fixed_point(model, names, each)
+        else:
+            seconds = time.perf_counter() - start
+            for name in dict.fromkeys(changed):  # the one check's time, shared by the passes it covered
+                records[name].check_seconds += seconds / len(set(changed))
 
     # Annotations of removed / renamed tensors: re-infer from scratch, except the outputs of ops in
     # other domains (com.microsoft Gelu ...), which onnx's inference cannot type; their passes did.

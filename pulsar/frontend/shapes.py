@@ -121,12 +121,45 @@ def require_static_inputs(model: onnx.ModelProto) -> None:
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """ONNX shape inference with data propagation; returns the model unchanged if inference fails."""
+    """ONNX shape inference with data propagation; returns the model unchanged if inference fails.
+
+    onnx's inference serializes the whole model into C++ and parses the result back: with large
+    weights (a transformer's embedding tables) that copying costs far more than the inference. The
+    large initializers go in as typed graph inputs instead (inference reads only their type and
+    shape; data propagation needs the small shape tensors, which stay) and come back after."""
     if model.ByteSize() > _PROTO_LIMIT:
         log.warning("model is over 2 GB in memory; shape inference skipped")
         return model
+    g = model.graph
+    names = {i.name for i in g.input}
+    big = {t.name for t in g.initializer if t.name not in names and _weight_bytes(t) > _LIFT_BYTES}
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        if not big:
+            return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        light = onnx.ModelProto()
+        light.CopyFrom(model)
+        lg = light.graph
+        kept = [t for t in lg.initializer if t.name not in big]
+        del lg.initializer[:]
+        lg.initializer.extend(kept)
+        lg.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                        for t in g.initializer if t.name in big)
+        out = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:  # inference is best effort: partial info must never stop a build
         log.debug("shape inference failed: %s", exc)
         return model
+    og = out.graph
+    del og.input[len(g.input):]  # the lifted weights: initializers again, in their own order
+    del og.initializer[:]
+    og.initializer.extend(g.initializer)
+    return out
+
+
+_LIFT_BYTES = 1 << 16  # initializers larger than this skip the round trip through onnx's C++ inference
+
+
+def _weight_bytes(t: onnx.TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n * 4 if t.data_location != onnx.TensorProto.EXTERNAL else 0

@@ -33,7 +33,6 @@ from pulsar.quant.analysis.metrics import Accumulator, flattened_slices
 from pulsar.quant.analysis.table import publish_slices
 from pulsar.quant.calibrate import collect_statistics
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
-from pulsar.quant.finetune import check_finetune, finetune_enabled, run_finetune
 from pulsar.quant.graph import QuantGraph
 from pulsar.quant.in_ir import model_ranges
 from pulsar.quant.joins import join_presets
@@ -358,10 +357,18 @@ def uses_in_ir(q: QuantConfig) -> bool:
     return q.calibration_method == "InIR" or any(lc.calibration_method == "InIR" for lc in q.layer_configs)
 
 
+def _finetune_asked(q: QuantConfig) -> bool:
+    """pulsar.quant.finetune.finetune_enabled, read without importing that package (and torch)."""
+    return bool(q.enable_adaround or q.enable_brecq or q.enable_lsq)
+
+
 def run_quant(ctx: BuildContext) -> QuantResult:
     q = ctx.cfg.quant
     check_sample_dirs(ctx.cfg, ctx.float_model)
-    check_finetune(ctx.float_model, q)  # before anything expensive: what fine-tuning can train
+    if _finetune_asked(q):  # pulsar.quant.finetune imports torch (3 s): only a fine-tuning build loads it
+        from pulsar.quant.finetune import check_finetune
+
+        check_finetune(ctx.float_model, q)  # before anything expensive: what fine-tuning can train
     if q.enable_smooth_quant:
         run_smooth_quant(ctx)
     model = ctx.float_model
@@ -409,7 +416,9 @@ def run_quant(ctx: BuildContext) -> QuantResult:
                  len(qg.params) - kept)
     if q.enable_easy_quant:
         run_easy_quant(ctx, qg)
-    if finetune_enabled(q):
+    if _finetune_asked(q):
+        from pulsar.quant.finetune import run_finetune
+
         run_finetune(ctx, qg)
     ctx.quant_graph = qg
     qmodel = qg.to_qdq()

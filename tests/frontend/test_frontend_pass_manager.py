@@ -168,3 +168,41 @@ def test_dead_code_inside_if_captures_is_kept():
     samples = [{"x": randn(2), "cond": np.array(True)}, {"x": randn(2), "cond": np.array(False)}]
     optimized, _ = optimize(model, samples=samples)
     assert op_histogram(optimized) == op_histogram(model)
+
+
+def test_check_runs_once_on_the_final_graph(monkeypatch):
+    """The passes are checked together (one onnxruntime run of the input graph, one of the result),
+    not once per change: each session costs about as much as the passes."""
+    import pulsar.frontend.pass_manager as pm
+
+    runs = []
+    real_run = pm.run
+    monkeypatch.setattr(pm, "run", lambda model, samples: runs.append(len(model.graph.node)) or real_run(model, samples))
+    optimized, records = optimize(_model_with_everything())
+    assert sum(r.changed_iterations for r in records) >= 3  # several passes changed the graph ...
+    assert len(runs) == 2  # ... and onnxruntime ran the input graph and the final one only
+    assert runs[-1] == len(optimized.graph.node)
+
+
+def test_batched_check_still_names_the_broken_pass_among_good_ones(broken_pass):
+    """The broken pass runs first and good passes change the graph after it: the replay after the
+    failed check pins the difference on the broken pass, not on the last pass that ran."""
+    with pytest.raises(PulsarError) as err:
+        optimize(_model_with_everything(), [broken_pass, *DEFAULT_PASSES])
+    assert f'after frontend pass "{broken_pass}"' in str(err.value)
+
+
+def test_batched_check_names_the_pass_onnxruntime_fails_after():
+    @register_pass("drop_conv_weight_bug")
+    def drop_conv_weight_bug(model: onnx.ModelProto) -> bool:
+        for node in model.graph.node:
+            if node.op_type == "Conv" and node.input[1] != "missing":
+                node.input[1] = "missing"  # a dangling input: onnxruntime cannot load the graph
+                return True
+        return False
+
+    try:
+        with pytest.raises(PulsarError, match='after frontend pass "drop_conv_weight_bug" onnxruntime cannot run'):
+            optimize(conv_bn_model(), [*DEFAULT_PASSES, "drop_conv_weight_bug"])
+    finally:
+        del PASSES["drop_conv_weight_bug"]

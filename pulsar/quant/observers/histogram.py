@@ -23,7 +23,7 @@ import numpy as np
 
 DEFAULT_NUM_BINS = 4096
 
-_CHUNK = 1 << 22  # values binned at a time
+_CHUNK = 1 << 18  # values binned at a time (per thread: calibration counts two tensors at once)
 _SCALAR_FIELDS = ("count", "min", "max", "hist_lo", "hist_hi", "zeros", "nonfinite", "batches", "momentum",
                   "run_min", "run_max")
 DEFAULT_MOMENTUM = 0.9
