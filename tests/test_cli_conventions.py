@@ -7,17 +7,17 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 from pulsar.config.schema import leaves
 from pulsar.config.support import unavailable_fields
+from tests.cli_fork import run_pulsar
 
 
 def _pulsar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}  # piped, default width
-    return subprocess.run([sys.executable, "-m", "pulsar", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=120)
+    return run_pulsar([*args], env=env,
+                      cwd=cwd, timeout=120)
 
 
 def test_build_help_goes_to_stdout_with_every_flag_whole() -> None:
@@ -109,8 +109,7 @@ def test_help_shows_every_bracket_of_the_source() -> None:
     env = {**os.environ, "COLUMNS": "400"}  # no wrapping: a bracket is never split over two lines
     brackets = 0
     for path, helps in texts.items():
-        proc = subprocess.run([sys.executable, "-m", "pulsar", *path, "--help"], capture_output=True, text=True,
-                              env=env, timeout=120)
+        proc = run_pulsar([*path, "--help"], env=env, timeout=120)
         assert proc.returncode == 0, (path, proc.stderr)
         shown = " ".join(proc.stdout.split())
         for text in helps:
@@ -135,8 +134,7 @@ def test_a_value_of_the_wrong_type_reads_the_same_in_every_command(tmp_path: Pat
 
 def test_shell_completion_is_offered() -> None:
     env = {**os.environ, "SHELL": "/bin/bash"}
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "--show-completion", "bash"], capture_output=True,
-                          text=True, env=env, timeout=120)
+    proc = run_pulsar(["--show-completion", "bash"], env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "_pulsar_completion" in proc.stdout and "_PULSAR_COMPLETE" in proc.stdout
     for shell in ("zsh", "fish"):

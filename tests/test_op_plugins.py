@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from pulsar.core import custom_ops, opdefs
 from pulsar.core.container import load_compiled
 from pulsar.core.plugin_session import PluginSession, inference_session
 from pulsar.errors import PulsarError
+from tests.cli_fork import run_pulsar
 
 LO, HI, SCALE = -0.5, 1.0, 2.0
 RNG = np.random.default_rng(0)
@@ -121,9 +121,8 @@ def test_pulsar_run_loads_the_recorded_plugin_or_the_given_one(case: dict[str, P
     env = {**os.environ, "COLUMNS": "200"}
 
     def run(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pulsar", "run", "--model", str(res.compiled_model), "--random_input",
-                               "--output_dir", str(case["root"] / "run"), *extra], capture_output=True, text=True,
-                              timeout=120, env=env)
+        return run_pulsar(["run", "--model", str(res.compiled_model), "--random_input",
+                          "--output_dir", str(case["root"] / "run"), *extra], timeout=120, env=env)
 
     ok = run()  # the plugin file the build recorded
     assert ok.returncode == 0, ok.stderr

@@ -8,13 +8,14 @@ import json
 import os
 import pickle
 import subprocess
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.cli_fork import run_pulsar
 
 # many real builds in subprocesses: outside the fast tier (pytest -m "not slow"); CI runs them
 pytestmark = pytest.mark.slow
@@ -117,8 +118,7 @@ def _case_setups(root: Path, tiny: dict[str, Path]):
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pulsar", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "400"})
+    return run_pulsar([*args], cwd=cwd, timeout=120, env={**os.environ, "COLUMNS": "400"})
 
 
 def _assert_clean_failure(proc: subprocess.CompletedProcess, needle: str, out: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +16,11 @@ import yaml
 
 import pulsar
 from pulsar.core.ort_options import reference_session_options
+from tests.cli_fork import run_pulsar
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "pulsar", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+    proc = run_pulsar([*args], cwd=cwd, timeout=300, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import onnxruntime as ort
@@ -16,6 +14,7 @@ import pulsar
 from pulsar.core.ort_options import reference_session_options
 from pulsar.errors import PulsarError
 from pulsar.runtime.session import Session
+from tests.cli_fork import run_pulsar
 from tests.tiny_model import make_numpy_calibration
 
 # many real builds in subprocesses: outside the fast tier (pytest -m "not slow"); CI runs them
@@ -135,9 +134,8 @@ def test_bad_metrics_are_one_error_line(tiny, tiny_config, tmp_path, case: str) 
     spec, needle = (t.format(plugin=plugin, exits=exits) for t in BAD_PLUGINS[case])
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps({**tiny_config, "evaluation": {"metric": spec}}))
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(tiny["model"]), "--config",
-                           str(cfg), "--output_dir", str(tmp_path / "out")], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+    proc = run_pulsar(["build", "--input", str(tiny["model"]), "--config",
+                      str(cfg), "--output_dir", str(tmp_path / "out")], timeout=300, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0] and "evaluation.metric" in errors[0], proc.stderr

@@ -13,6 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.cli_fork import run_pulsar
+
 N_TRAIN, N_EVAL = 1400, 300
 
 SCRIPT = '''"""Independent top-1: argv = float.onnx qdq.onnx compiled.pulsar samples/ samples.txt labels.npy workdir."""
@@ -104,8 +106,8 @@ def test_a_trained_digit_classifier_top1_matches_an_independent_script(digits, t
     config = tmp_path / "config.json"
     config.write_text(json.dumps(cfg))
     out = tmp_path / "out"
-    build = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(digits["model"]), "--config",
-                            str(config), "--output_dir", str(out)], capture_output=True, text=True, timeout=600)
+    build = run_pulsar(["build", "--input", str(digits["model"]), "--config",
+                       str(config), "--output_dir", str(out)], timeout=600)
     assert build.returncode == 0, build.stderr
     got = json.loads((out / "evaluation.json").read_text())
     assert got["metric"] == "top1" and got["samples"] == N_EVAL

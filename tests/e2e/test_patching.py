@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from tests.cli_fork import run_pulsar
 
 
 def _model(path):
@@ -44,9 +44,9 @@ def test_shapes_const_and_op_processors_end_to_end(tmp_path):
            "op_processors": [{"op_name": "pool", "attrs": {"ceil_mode": 1}}]}
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     env = {**os.environ, "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(model), "--output_dir",
-                           str(tmp_path / "out"), "--config", str(tmp_path / "cfg.json"), "--input_shapes",
-                           "x:1x96x6x8", "--compiler.check", "2"], capture_output=True, text=True, env=env, timeout=300)
+    proc = run_pulsar(["build", "--input", str(model), "--output_dir",
+                      str(tmp_path / "out"), "--config", str(tmp_path / "cfg.json"), "--input_shapes",
+                      "x:1x96x6x8", "--compiler.check", "2"], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     log = (tmp_path / "out" / "build.log").read_text()
     assert "const flat_shape: [1, 96, 48] -> [-1, 96, 48]" in log
@@ -58,9 +58,9 @@ def test_shapes_const_and_op_processors_end_to_end(tmp_path):
     x = rng.standard_normal((1, 96, 6, 8)).astype(np.float32)
     (tmp_path / "in").mkdir()
     np.save(tmp_path / "in" / "x.npy", x)
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "run", "--model", str(tmp_path / "out" / "compiled.pulsar"),
-                           "--input_dir", str(tmp_path / "in"), "--output_dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = run_pulsar(["run", "--model", str(tmp_path / "out" / "compiled.pulsar"),
+                      "--input_dir", str(tmp_path / "in"), "--output_dir", str(tmp_path / "run")],
+                      env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     y = np.load(tmp_path / "run" / "y.npy")
     assert y.shape == (1, 96, 3, 4)  # ceil_mode 1; the unpatched model gives 2 x 3

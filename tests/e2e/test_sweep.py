@@ -17,6 +17,7 @@ from PIL import Image
 
 import pulsar
 from pulsar.errors import PulsarError
+from tests.cli_fork import run_pulsar
 from tests.tiny_model import make_numpy_calibration
 
 # many real builds in subprocesses: outside the fast tier (pytest -m "not slow"); CI runs them
@@ -112,9 +113,9 @@ def test_target_metric_stops_launching_and_names_the_fastest(tiny, base, space, 
 def test_bad_search_spaces_are_one_error_line(tiny, base, tmp_path, text: str, needle: str) -> None:
     space = tmp_path / "space.yaml"
     space.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "sweep", "--input", str(tiny["model"]), "--config",
-                           str(base), "--space", str(space), "--output_dir", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    proc = run_pulsar(["sweep", "--input", str(tiny["model"]), "--config",
+                      str(base), "--space", str(space), "--output_dir", str(tmp_path / "out")],
+                      timeout=300, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr
@@ -154,9 +155,8 @@ def test_mistakes_every_trial_would_hit_are_one_error_line_before_any_trial(tiny
             **args}
     argv = [a for k, v in opts.items() for a in ([k] if v is None else [k, v])]
     (tmp_path / "a_file").write_text("not a folder")
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "sweep", *argv], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, env={**os.environ, "COLUMNS": "200",
-                                                          "PYTHONPATH": str(Path.cwd())})
+    proc = run_pulsar(["sweep", *argv], timeout=300, cwd=tmp_path, env={**os.environ, "COLUMNS": "200",
+                      "PYTHONPATH": str(Path.cwd())})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr
@@ -164,8 +164,7 @@ def test_mistakes_every_trial_would_hit_are_one_error_line_before_any_trial(tiny
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pulsar", "sweep", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env={**os.environ, "COLUMNS": "200"})
+    return run_pulsar(["sweep", *args], timeout=300, cwd=cwd, env={**os.environ, "COLUMNS": "200"})
 
 
 def _errors(proc: subprocess.CompletedProcess[str]) -> list[str]:
@@ -282,8 +281,7 @@ def test_a_resumed_sweep_reruns_a_trial_whose_record_was_edited(tiny, base, tmp_
 def test_help_and_the_target_metric_flag(tiny, base, space, tmp_path) -> None:
     """--target_metric is spelled like every other flag; the old --target-metric still works (hidden); the
     help shows the [ray] extra literally."""
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "sweep", "--help"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+    proc = run_pulsar(["sweep", "--help"], timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0 and "needs the [ray] extra" in proc.stdout, proc.stdout
     assert "--target_metric" in proc.stdout and "--target-metric" not in proc.stdout
     proc = _cli("--input", str(tiny["model"]), "--config", str(base), "--space", str(space), "--output_dir",
@@ -370,11 +368,11 @@ def test_the_readme_sweep_of_the_example_model(tmp_path) -> None:
     """The README's command, as written, on the example MobileNetV2 with configs/mobilenetv2.json (uint8
     NHWC input processors): every trial scores, the float model agrees with itself on every crop."""
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "sweep", "--input", "examples/assets/mobilenetv2.onnx",
-                           "--config", "configs/mobilenetv2.json", "--space", "configs/mobilenetv2_sweep.yaml",
-                           "--metric", "examples/sweep_metric.py:top1_agreement", "--output_dir",
-                           str(tmp_path / "sweep_mbv2")], capture_output=True, text=True, timeout=1800, cwd=root,
-                          env={**os.environ, "COLUMNS": "200"})
+    proc = run_pulsar(["sweep", "--input", "examples/assets/mobilenetv2.onnx",
+                      "--config", "configs/mobilenetv2.json", "--space", "configs/mobilenetv2_sweep.yaml",
+                      "--metric", "examples/sweep_metric.py:top1_agreement", "--output_dir",
+                      str(tmp_path / "sweep_mbv2")], timeout=1800, cwd=root,
+                      env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
     rows = json.loads((tmp_path / "sweep_mbv2" / "sweep.json").read_text())["trials"]
     assert len(rows) == 4 and all(r["status"] == "ok" for r in rows), rows

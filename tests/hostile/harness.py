@@ -1,6 +1,6 @@
 """Shared checks for the hostile-input corpus.
 
-Every case runs the real ``pulsar`` command in a subprocess, in a directory of its own, and asserts
+Every case runs the real ``pulsar`` command in a process of its own (tests/cli_fork.py), in a directory of its own, and asserts
 what the README promises of a failure: exit code 2, exactly one ``error:`` line that names the
 problem, no traceback, and no file created or changed anywhere in the case directory (so nothing
 outside the output dir either, and no new artifact or temp file inside it).
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.cli_fork import run_pulsar
 
 # A failed build may leave the log of the attempt and the calibration statistics cache (keyed by
 # content, so it cannot mix builds); nothing else.
@@ -51,10 +52,10 @@ class Snapshot:
 
 def run_cli(args: list[str], cwd: Path, *, env: dict[str, str] | None = None, timeout: float = 120,
             stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m pulsar ARGS`` in ``cwd`` with a wide, non-terminal console."""
+    """``python -m pulsar ARGS`` in ``cwd`` with a wide, non-terminal console (a process of its own, forked
+    from a warm interpreter: tests/cli_fork.py)."""
     full_env = {**os.environ, "COLUMNS": "400", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pulsar", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=full_env, input=stdin, errors="replace")
+    return run_pulsar(args, cwd, env=full_env, timeout=timeout, stdin=stdin, errors="replace")
 
 
 def error_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import tracemalloc
@@ -19,6 +18,7 @@ import pulsar
 from pulsar.errors import PulsarError
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
 from pulsar.utils.user_code import load_callable, load_module
+from tests.cli_fork import run_pulsar
 
 IMAGE = InputSpec("image", (1, 3, 16, 16), np.float32)
 
@@ -75,9 +75,8 @@ def test_plugin_error_is_one_cli_line_and_nothing_is_written(tiny, tmp_path) -> 
     cfg.write_text(json.dumps({"quant": {"input_configs": [
         {"tensor_name": "DEFAULT", "calibration_dataset": "my_data.py:samples"}]}}))
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(tiny["model"]), "--output_dir",
-                           str(out), "--config", str(cfg)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "400"})
+    proc = run_pulsar(["build", "--input", str(tiny["model"]), "--output_dir",
+                      str(out), "--config", str(cfg)], cwd=tmp_path, timeout=120, env={**os.environ, "COLUMNS": "400"})
     text = proc.stdout + proc.stderr
     assert proc.returncode == 2, text
     assert "Traceback" not in text

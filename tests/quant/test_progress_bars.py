@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.cli_fork import run_pulsar
+
 
 def _build(tmp_path: Path, tiny: dict, config: dict, *flags: str) -> subprocess.CompletedProcess:
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(config))
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(tiny["model"]), "--config",
-                           str(cfg), "--output_dir", str(tmp_path / "out"), *flags], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    proc = run_pulsar(["build", "--input", str(tiny["model"]), "--config",
+                      str(cfg), "--output_dir", str(tmp_path / "out"), *flags], cwd=tmp_path,
+                      timeout=300, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 

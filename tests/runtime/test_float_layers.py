@@ -5,8 +5,6 @@ their borders, and a target without the format refuses the build."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -22,6 +20,7 @@ from pulsar.core.container import load_compiled
 from pulsar.core.float_ops import FLOAT_OPS
 from pulsar.runtime.kernels import KERNELS
 from pulsar.runtime.npu_sim import NpuProgram
+from tests.cli_fork import run_pulsar
 
 SEQ, D = 16, 32
 F16, F32 = np.float16, np.float32
@@ -177,8 +176,8 @@ def test_a_target_without_fp16_refuses_the_layer(tmp_path, block):
     cfg.write_text(json.dumps({"quant": {**block["config"]["quant"],
                                          "layer_configs": [{"op_type": "Softmax", "data_type": "FP16"}]},
                                "target_hardware": "VNPU-S"}))
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(block["model"]), "--config",
-                           str(cfg), "--output_dir", str(tmp_path / "out")], capture_output=True, text=True)
+    proc = run_pulsar(["build", "--input", str(block["model"]), "--config",
+                      str(cfg), "--output_dir", str(tmp_path / "out")])
     assert proc.returncode == 2, proc.stderr[-2000:]
     err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "FP16" in err[0] and "VNPU-S" in err[0] and "fp16_macs_per_cycle_per_core" in err[0]
@@ -249,8 +248,8 @@ def test_grouped_weights_of_weight_only_layers(tmp_path, block):
 def test_group_size_mistakes_are_one_error_line(tmp_path, block, entry, message):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps({"quant": {**block["config"]["quant"], "layer_configs": [entry]}}))
-    proc = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(block["model"]), "--config",
-                           str(cfg), "--output_dir", str(tmp_path / "out")], capture_output=True, text=True)
+    proc = run_pulsar(["build", "--input", str(block["model"]), "--config",
+                      str(cfg), "--output_dir", str(tmp_path / "out")])
     err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(err) == 1 and message in err[0], proc.stderr[-1500:]
     assert "Traceback" not in proc.stderr and not (tmp_path / "out" / "compiled.pulsar").exists()

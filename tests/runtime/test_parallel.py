@@ -16,6 +16,16 @@ from pulsar.runtime.session import Session
 from tests.runtime.test_session import qdq_conv_model
 
 
+@pytest.fixture(autouse=True)
+def _two_threads():
+    """Two torch threads before each test (pytest -n sets one per worker), so "restored" is checked
+    against a count that map_samples changes."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 def test_map_samples_runs_items_concurrently_in_order():
     barrier = threading.Barrier(2, timeout=10)  # only passes if two items run at the same time
 

@@ -6,13 +6,12 @@ cosine still reads >= 0.999; the precision table names the worst slice and the l
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 from onnx import helper
 
+from tests.cli_fork import run_pulsar
 from tests.unseen.helpers import build_and_run, calib_config, cosine, init, save, vi
 
 A = 64  # anchors (8 x 8 positions)
@@ -73,9 +72,9 @@ def test_flattened_slices_are_found_where_the_tensor_cosine_is_0999(tmp_path: Pa
     assert cosine(npu, ref) >= 0.999  # the whole tensor looks fine ...
     assert cosine(npu[:, 4:], ref[:, 4:]) < 0.9  # ... while the scores are gone
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    r = subprocess.run([sys.executable, "-m", "pulsar", "build", "--input", str(model), "--config",
-                        str(tmp_path / "cfg.json"), "--output_dir", str(tmp_path / "cli")],
-                       capture_output=True, text=True, timeout=300, env={"COLUMNS": "400", **_env()})
+    r = run_pulsar(["build", "--input", str(model), "--config",
+                   str(tmp_path / "cfg.json"), "--output_dir", str(tmp_path / "cli")],
+                   timeout=300, env={"COLUMNS": "400", **_env()})
     assert r.returncode == 0, r.stderr
     warn = [line for line in r.stderr.splitlines() if "output 'y'" in line]
     assert warn, r.stderr

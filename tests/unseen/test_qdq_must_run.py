@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper
 
+from tests.cli_fork import run_pulsar
 from tests.unseen.helpers import calib_config, init, save, vi
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pulsar", *args], capture_output=True, text=True, timeout=300)
+    return run_pulsar([*args], timeout=300)
 
 
 def _flatten_gemm(tmp: Path) -> Path:
