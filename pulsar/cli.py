@@ -61,7 +61,10 @@ def guarded(fn: F) -> F:
 
             _fail("\n".join(e.problems) if isinstance(e, ConfigError) and len(e.problems) > 1 else str(e), debug)
         except KeyboardInterrupt as e:
+            from pulsar.utils.atomic import remove_unfinished
             from pulsar.utils.signals import Terminated
+
+            remove_unfinished()  # a temp file whose own cleanup the interrupt cut short
 
             how = f"terminated ({e})" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
             _fail(f"{how}; stopped cleanly, unfinished files removed and earlier results left as they were", debug)

@@ -14,7 +14,8 @@ import contextlib
 import errno
 import io
 import os
-import tempfile
+import secrets
+import threading
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -68,30 +69,53 @@ def write_error(path: str | os.PathLike[str], exc: OSError) -> PulsarError:
     return PulsarError(f"cannot write {path}: {reason}" + (f"; {hint}" if hint else ""))
 
 
+# temporary files of writes in progress: an interrupt (Ctrl-C, SIGTERM) can land between any two
+# bytecodes, also between creating a temp file and the block that removes it; the CLI's interrupt
+# handler removes whatever is still listed here (remove_unfinished)
+_LIVE: set[Path] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def remove_unfinished() -> int:
+    """Remove the temporary files of every write still in progress; how many were there."""
+    with _LIVE_LOCK:
+        left = list(_LIVE)
+        _LIVE.clear()
+    for p in left:
+        with contextlib.suppress(OSError):
+            p.unlink()
+    return len(left)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; make it durable and rename it onto ``path`` if the
-    block succeeds, remove it otherwise."""
+    block succeeds, remove it otherwise. The name is listed in :data:`_LIVE` before the file exists
+    and until it is gone, so an interrupt at any point leaves nothing behind (:func:`remove_unfinished`)."""
     dest = Path(path)
+    tmp_path = dest.parent / f".{dest.name}.{secrets.token_hex(6)}.tmp"
+    with _LIVE_LOCK:
+        _LIVE.add(tmp_path)
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-        os.close(fd)
-    except OSError as exc:
-        raise write_error(dest, exc) from None
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp_path, file_mode())
-        os.replace(tmp_path, dest)
-        fsync_dir(dest.parent)
-    except OSError as exc:
-        raise write_error(dest, exc) from None
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(tmp_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except OSError as exc:
+            raise write_error(dest, exc) from None
+        try:
+            yield tmp_path
+            with open(tmp_path, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(tmp_path, file_mode())
+            os.replace(tmp_path, dest)
+            fsync_dir(dest.parent)
+        except OSError as exc:
+            raise write_error(dest, exc) from None
     finally:
         with contextlib.suppress(OSError):
             tmp_path.unlink()
+        with _LIVE_LOCK:
+            _LIVE.discard(tmp_path)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
