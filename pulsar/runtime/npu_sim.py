@@ -3,7 +3,9 @@
 An :class:`NpuProgram` is built once per body: initializers (and the enclosing graph's constants the
 body refers to) are converted once, and every node's kernel is prepared once with its attributes and
 constant inputs. ``run`` then only moves arrays between kernels, checks each result against the
-body's ``value_info`` (dtype and static shape) and frees tensors after their last reader.
+body's ``value_info`` (dtype and static shape) and frees tensors after their last reader. Without
+per-layer dumps, a table lookup whose result only a Requantize reads runs fused with it as one
+gather (:class:`ChainTable`: the same bits, a fraction of the passes over the tensor).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from onnx import helper
 from pulsar.core.tensors import initializer_array
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.runtime.kernels import DOMAINS, INT_DOMAIN, KERNELS, Kernel, supported_ops
+from pulsar.runtime.kernels.lut import ChainTable
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +97,10 @@ class NpuProgram:
         for index, node in enumerate(graph.node):
             self._prepare(node, index)
         self._check_wiring()
-        self._plan_frees()
+        self._plan_frees(self.steps)
+        # without per-layer dumps, table lookups and the requantization after them run as one gather
+        self._fast = _fuse_tables(self.steps, self.consts, set(self.outputs))
+        self._plan_frees(self._fast)
         log.debug("npu program %s: %d steps, %d constants", self.name, len(self.steps), len(self.consts))
 
     def _where(self, label: str, op: str) -> str:
@@ -138,17 +144,17 @@ class NpuProgram:
         if missing:
             raise PulsarError(f"NPU body {self.name!r}: graph outputs {missing} are never produced")
 
-    def _plan_frees(self) -> None:
+    def _plan_frees(self, steps: list[_Step]) -> None:
         """After each step, drop the tensors no later step reads (graph outputs are kept)."""
         last: dict[str, int] = {}
-        for i, step in enumerate(self.steps):
+        for i, step in enumerate(steps):
             for name in step.inputs:
                 if name and name not in self.consts:
                     last[name] = i
         keep = set(self.outputs)
         for name, i in last.items():
             if name not in keep:
-                self.steps[i].frees.append(name)
+                steps[i].frees.append(name)
 
     def _feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         env: dict[str, np.ndarray] = {}
@@ -171,7 +177,7 @@ class NpuProgram:
         consts = self.consts
         expect = self._expect
         kept: dict[str, np.ndarray] = {}
-        for step in self.steps:
+        for step in self.steps if keep else self._fast:
             args = [(env[n] if n in env else consts[n]) if n else None for n in step.inputs]
             try:
                 results = step.kernel(args)
@@ -201,6 +207,40 @@ class NpuProgram:
                     env.pop(name, None)
         outputs = {n: _c_order(env[n] if n in env else consts[n]) for n in self.outputs}
         return {**kept, **outputs} if keep else outputs
+
+
+def _fuse_tables(steps: list[_Step], consts: Mapping[str, np.ndarray], outputs: set[str]) -> list[_Step]:
+    """``steps`` with each QLut (constant table) whose result only a Requantize reads replaced by one
+    :class:`ChainTable` step in the QLut's place (its input exists there; its output is read after
+    the Requantize's place only). Copies of the steps: their free lists are planned afresh."""
+    readers: dict[str, list[int]] = {}
+    for i, step in enumerate(steps):
+        for name in step.inputs:
+            if name:
+                readers.setdefault(name, []).append(i)
+    fused: dict[int, _Step] = {}
+    dropped: set[int] = set()
+    for i, step in enumerate(steps):
+        if step.op != "QLut" or len(step.inputs) != 2 or step.inputs[1] not in consts or step.n_named != 1:
+            continue
+        mid = step.outputs[0]
+        users = readers.get(mid, [])
+        if mid in outputs or len(users) != 1 or users[0] in dropped:
+            continue
+        then = steps[users[0]]
+        if then.op != "Requantize" or [n for n in then.inputs if n] != [mid] or then.inputs[0] != mid:
+            continue
+        table = consts[step.inputs[1]]
+
+        def first(inputs: list[np.ndarray | None], kernel: Kernel = step.kernel,
+                  table: np.ndarray = table) -> list[np.ndarray]:
+            return kernel([inputs[0], table])
+
+        fused[i] = _Step(f"{step.label}+{then.label}", "QLut+Requantize", step.inputs[:1], list(then.outputs),
+                         ChainTable([first, then.kernel]), [])
+        dropped.add(users[0])
+    return [fused.get(i) or _Step(s.label, s.op, s.inputs, s.outputs, s.kernel, [])
+            for i, s in enumerate(steps) if i not in dropped]
 
 
 def _c_order(value: np.ndarray) -> np.ndarray:

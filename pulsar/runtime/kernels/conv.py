@@ -28,7 +28,9 @@ shape with NHWC strides, which the next convolution reads without a copy.
   bound as the float32 path.
 Without VNNI, pointwise convolutions on 8-bit codes with int8 weights run on onnxruntime's uint8 x
 uint8 ``MatMulInteger`` (:mod:`pulsar.runtime.kernels.ort_int`, exact int32 sums; int8 codes enter as
-``x + 128`` against ``x_zp + 128``), block by block like the int8 product; the others stay on torch's
+``x + 128`` against ``x_zp + 128``), block by block like the int8 product; 16-bit weights too, split
+into high and low bytes (``w = 256 * hi + lo``, both int8) for one product of double width whose halves
+combine as ``256 * hi_sums + lo_sums`` in int32, where float32 sums would not be exact; the others stay on torch's
 float kernels, except depthwise ones, which oneDNN's quantized convolution runs exactly without VNNI
 as well. :func:`pulsar.runtime.kernels.int8.kernel_paths` tells which path runs.
 """
@@ -59,7 +61,7 @@ from pulsar.runtime.kernels.common import (
     weight_minus_zero_points,
 )
 from pulsar.runtime.kernels.int8 import depthwise_conv, int8_conv, int8_matmul, onednn_conv, u8u8_matmul
-from pulsar.runtime.kernels.ort_int import MAX_DEPTH, U8U8Matmul
+from pulsar.runtime.kernels.ort_int import MAX_DEPTH, U8U8Matmul, byte_split, split_exact
 from pulsar.runtime.kernels.requant import Requant
 
 INT32_LIMIT = 1 << 31
@@ -176,14 +178,32 @@ class _Weights:
         trusted = int8_conv() or (self.depthwise and depthwise_conv())
         return "qconv" if symmetric and bound < FLOAT32_EXACT and trusted else None
 
+    @functools.cached_property
+    def byte_halves(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Pointwise weights past int8 as (hi, lo) int8 matrices [Cin, Cout] with ``w = 256*hi + lo``
+        (:func:`byte_split`), or None (int8 weights, or too wide to split)."""
+        if not self.pointwise or self.int8_weights:
+            return None
+        return byte_split(self.w.reshape(self.cout, -1).T)
+
     def u8u8_zp(self, dtype: np.dtype, x_zp: int) -> int | None:
         """The uint8 zero point a pointwise convolution of 8-bit ``dtype`` codes passes to
         onnxruntime's ``MatMulInteger`` (int8 codes enter as ``x + 128``), or None when that path does
-        not apply: not pointwise, weights past int8, sums that could leave int32, or not trusted."""
-        if not self.pointwise or dtype.itemsize != 1 or not self.int8_weights or self.w.shape[1] > MAX_DEPTH:
+        not apply: not pointwise, weights past int8 that :attr:`byte_halves` cannot split (or where
+        the float32 product is exact already), sums (of each half too) that could leave int32, or not
+        trusted."""
+        if not self.pointwise or dtype.itemsize != 1 or self.w.shape[1] > MAX_DEPTH:
             return None
         zp = x_zp + (128 if dtype.kind == "i" else 0)
-        if not 0 <= zp <= 255 or self.top * centered_bound(dtype, x_zp) >= INT32_LIMIT or not u8u8_matmul():
+        xmax = centered_bound(dtype, x_zp)
+        if not 0 <= zp <= 255 or self.top * xmax >= INT32_LIMIT or not u8u8_matmul():
+            return None
+        if self.int8_weights:
+            return zp
+        halves = self.byte_halves
+        if halves is None or self.top * xmax < FLOAT32_EXACT or not split_exact():
+            return None  # a float32 product is as fast as the double-width one
+        if any(int(np.abs(h).sum(axis=0).max()) * xmax >= INT32_LIMIT for h in halves):
             return None
         return zp
 
@@ -232,12 +252,19 @@ class _Weights:
         src = to_torch(x).permute(0, 2, 3, 1)
         if kind == "u8u8":
             zp = sub_zp + (128 if x.dtype.kind == "i" else 0)  # as u8u8_zp gave it to plan
+            halves = self.byte_halves
             if zp not in self._u8u8:
-                self._u8u8[zp] = U8U8Matmul(self.w.reshape(self.cout, -1).T, zp)
+                wm = self.w.reshape(self.cout, -1).T if halves is None else np.concatenate(halves, axis=1)
+                self._u8u8[zp] = U8U8Matmul(wm, zp)
             product, codes = self._u8u8[zp], self.u8u8_rows(x)
 
             def sums(i: int, j: int) -> Any:
-                return torch.from_numpy(product(codes[i:j]))
+                got = torch.from_numpy(product(codes[i:j]))
+                if halves is None:
+                    return got
+                # 16-bit weights: 256 * hi sums + lo sums, in int32 (|sum| <= top * xmax < 2**31)
+                out = scratch("conv_out/split", (j - i, self.cout), torch.int32)
+                return torch.add(got[:, self.cout:], got[:, :self.cout], alpha=256, out=out)
 
             out = rq.by_rows((n, self.cout, h, w), True, sums)
             if out is None:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from pulsar.core.float_ops import FLOAT_FORMATS, FORMAT_OF_ELEM
 from pulsar.core.int_ops import INT_DOMAIN
@@ -50,17 +49,25 @@ def _kw(attrs: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
 
 
-def _torch_unary(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., np.ndarray]:
+def _torch_unary(name: str) -> Callable[..., np.ndarray]:
+    """A torch elementwise function by name, imported at the first call: importing torch costs every
+    build seconds, and most models have no float layer."""
     def run(x: np.ndarray, **_: Any) -> np.ndarray:
-        return fn(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+        import torch
+
+        return getattr(torch, name)(torch.from_numpy(np.ascontiguousarray(x))).numpy()  # type: ignore[no-any-return]
     return run
 
 
 def _gelu(x: np.ndarray, approximate: str = "none", **_: Any) -> np.ndarray:
+    import torch
+
     return torch.nn.functional.gelu(torch.from_numpy(np.ascontiguousarray(x)), approximate=approximate).numpy()
 
 
 def _sigmoid(x: np.ndarray, **_: Any) -> np.ndarray:
+    import torch
+
     return torch.sigmoid(torch.from_numpy(np.ascontiguousarray(x))).numpy()
 
 
@@ -76,7 +83,7 @@ _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "Relu": lambda x, **_: np.maximum(x, F32(0)),
     "Neg": lambda x, **_: -x,
     "Abs": lambda x, **_: np.abs(x),
-    "Erf": _torch_unary(torch.erf),
+    "Erf": _torch_unary("erf"),
     "Sigmoid": _sigmoid,
     "Gelu": _gelu,
     "MatMul": lambda a, b, **_: np.matmul(a, b),

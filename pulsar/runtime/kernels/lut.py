@@ -58,11 +58,40 @@ class CodeTable:
         if key not in self._by_dtype:
             full = self.post(expand_table(self.table, self.step_bits, codes))
             self._by_dtype[key] = np.roll(full, -roll) if roll else full
-        perm = memory_order(view)
-        if perm is None:
-            return array0(gather(self._by_dtype[key], view))  # a rank-0 x gives a scalar
-        # gather in memory order (a channels-last input stays channels-last): sequential reads
-        return gather(self._by_dtype[key], view.transpose(perm)).transpose(np.argsort(perm))
+        return lookup(self._by_dtype[key], view)
+
+
+def lookup(table: np.ndarray, view: np.ndarray) -> np.ndarray:
+    """``table[view]`` for the unsigned codes ``view``, in ``view``'s memory layout."""
+    perm = memory_order(view)
+    if perm is None:
+        return array0(gather(table, view))  # a rank-0 x gives a scalar
+    # gather in memory order (a channels-last input stays channels-last): sequential reads
+    return gather(table, view.transpose(perm)).transpose(np.argsort(perm))
+
+
+class ChainTable:
+    """A chain of elementwise kernels on 8- / 16-bit codes (a QLut and the Requantize after it) as one
+    table per input dtype: the chain runs once on every code, then each call is a single gather.
+    Exact by construction: each kernel's output element depends on its input element alone."""
+
+    def __init__(self, kernels: list[Any]) -> None:
+        self.kernels = kernels
+        self._by_dtype: dict[str, np.ndarray] = {}
+
+    def __call__(self, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        x = inputs[0]
+        if x is None:
+            raise PulsarError("input x is required")
+        view, codes, _ = code_index(x)
+        key = x.dtype.name
+        if key not in self._by_dtype:
+            # every value of the dtype, ordered by its unsigned view: index u holds the code viewed as u
+            values = np.arange(codes, dtype=view.dtype).view(x.dtype)
+            for kernel in self.kernels:
+                values = kernel([values])[0]
+            self._by_dtype[key] = np.ascontiguousarray(values)
+        return [lookup(self._by_dtype[key], view)]
 
 
 # below this many codes numpy's take is as fast; above, torch's int32-indexed gather is about twice it

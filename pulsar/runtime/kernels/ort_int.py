@@ -75,6 +75,46 @@ class U8U8Matmul:
         return self._session().run(None, {"a": np.ascontiguousarray(a)})[0]  # type: ignore[no-any-return]
 
 
+def byte_split(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(hi, lo), both within int8, with ``w = 256 * hi + lo`` (``lo`` in [-128, 127]): weights past
+    int8 (16-bit ones) as two int8 matrices, so one ``MatMulInteger`` of double width gives both
+    halves' exact sums. None when ``hi`` leaves int8 (|w| above about 2**15)."""
+    w = np.asarray(w, dtype=np.int64)
+    lo = ((w + 128) & 0xFF) - 128
+    hi = (w - lo) >> 8  # exact: w - lo is a multiple of 256
+    if hi.size and (int(hi.min()) < -128 or int(hi.max()) > 127):
+        return None
+    return hi, lo
+
+
+@functools.lru_cache(maxsize=1)
+def split_exact() -> bool:
+    """Whether 16-bit weights split by :func:`byte_split` into one double-width :class:`U8U8Matmul`
+    give the exact sums here: :func:`u8u8_exact`, and ``256 * hi_sums + lo_sums`` equal to the exact
+    products on extreme operands (codes 0 / 255, weights -32768 / 32639 and around each byte edge)."""
+    if not u8u8_exact():
+        return False
+    a = np.full((9, 300), 255, np.uint8)
+    a[1::2, ::3] = 0
+    w = np.full((300, 8), 32639, np.int64)
+    w[:, 1::2] = -32768
+    w[::2, 2] = 127
+    w[1::2, 3] = -129
+    w[:, 4] = np.arange(300) * 211 - 31000
+    split = byte_split(w)
+    if split is None:
+        return False
+    hi, lo = split
+    try:
+        for zp in (0, 255):
+            sums = U8U8Matmul(np.concatenate([hi, lo], axis=1), zp)(a).astype(np.int64)
+            if not np.array_equal(256 * sums[:, :8] + sums[:, 8:], (a.astype(np.int64) - zp) @ w):
+                return False
+    except Exception:  # noqa: BLE001 - any failure disables the path
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=1)
 def u8u8_exact() -> bool:
     """Whether :class:`U8U8Matmul` returns the exact sums here: onnxruntime present, and equal to the

@@ -43,6 +43,14 @@ class Requant:
       two leaves the floor unchanged, and an integer added before ``>> S`` as ``k << S`` comes out
       as ``+ k``. Used when ``|acc * M'| + |off| < 2**63``.
 
+    - split float64 (when neither applies to the static bound, typically a large bias or a wide
+      spread of N across channels): the offset ``bias*M + 2**(N-1) + (zp << N)`` is split per
+      channel into ``Q * 2**N + R`` with ``0 <= R < 2**N``, so ``y = floor((acc*M + R) * 2**-N) + Q``;
+      the float64 evaluation of ``acc * r + R * 2**-N`` is exact when ``|M| * bound + R < 2**53``,
+      here with ``bound`` the largest ``|acc|`` of the data (one pass), and a ``Q`` beyond the
+      output range by more than the product's reach saturates, so it is clipped to a small integer
+      without changing the clamped result (:meth:`_split_form`).
+
     Otherwise the literal form runs.
     """
 
@@ -69,6 +77,7 @@ class Requant:
         self._torch64: tuple[Any, Any, tuple[int, ...]] | None = None
         self._layouts: dict[tuple[int, bool], tuple[int, Any, Any]] = {}
         self._shape_ok: dict[tuple[int, ...], bool] = {}
+        self._split: dict[int, tuple[Any, Any, Any] | None] = {}
 
     def _fold(self, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
         s = int(self.n.max()) if self.n.size else 0
@@ -112,6 +121,12 @@ class Requant:
                 v >>= s
             np.clip(v, self.spec.lo, self.spec.hi, out=v)
             return v.astype(self.spec.dtype)
+        if acc.dtype.kind in "iu" and acc.size:
+            import torch
+
+            out = self._split_torch(torch.from_numpy(np.ascontiguousarray(acc)), int(acc.min()), int(acc.max()))
+            if out is not None:
+                return out
         if self.bias is not None:
             acc = acc + self.bias
         return requant(acc, self.m, self.n, self.spec)
@@ -125,6 +140,11 @@ class Requant:
         if self.exact64 is not None and self._exact_shape(tuple(acc.shape)):
             return self._torch_float(acc)
         if self.fast is None:
+            if acc.numel():
+                lo, hi = torch.aminmax(acc)
+                out = self._split_torch(acc, int(lo), int(hi))
+                if out is not None:
+                    return out
             return self(acc.to(torch.int64).numpy())
         if self._torch is None:
             mp, off, _ = self.fast
@@ -230,6 +250,57 @@ class Requant:
         else:
             torch.addcmul(c, t, r, out=t)  # channels-last: c + t * r in one pass (both terms exact)
         return finish_float(t, self.spec)
+
+    def _split_form(self, bound: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(r, c, q) float64 arrays with ``y = clamp(floor(acc * r + c) + q, lo, hi)`` exact for every
+        ``|acc| <= bound``, or None when ``|M| * bound + R`` reaches 2**53 (class docstring)."""
+        mo, no = self.m.astype(object), self.n.astype(object)
+        off = np.where(self.n > 0, 2 ** np.maximum(no - 1, 0), 0) + self.spec.zp * 2 ** no
+        if self.bias is not None:
+            off = off + self.bias.astype(object) * mo
+        off = np.asarray(off, dtype=object)
+        shape = np.broadcast_shapes(off.shape, self.n.shape, self.m.shape)
+        off, den = np.broadcast_to(off, shape), np.broadcast_to(2 ** no, shape)
+        q, rem = off // den, off % den  # off = q * 2**N + rem, 0 <= rem < 2**N
+        worst = np.abs(np.broadcast_to(mo, shape)) * bound + rem
+        if worst.size == 0 or int(np.max(worst)) >= FLOAT64_EXACT or int(np.max(np.abs(mo))) >= FLOAT64_EXACT:
+            return None
+        # |floor(acc * r + c)| <= reach; a q past the range by more than reach gives lo / hi anyway
+        reach = worst // den + 1
+        q = np.minimum(np.maximum(q, self.spec.lo - reach - 1), self.spec.hi + reach + 1)
+        r = np.ldexp(np.broadcast_to(self.m, shape).astype(np.float64), -np.broadcast_to(self.n, shape))
+        c = np.ldexp(rem.astype(np.float64), -np.broadcast_to(self.n, shape))  # rem < 2**53: exact
+        return np.asarray(r), np.asarray(c), np.asarray(q.astype(np.float64))
+
+    def _split_torch(self, acc: Any, lo: int, hi: int) -> np.ndarray | None:
+        """The split float64 form on a torch accumulator of exact integers whose values lie in
+        ``[lo, hi]`` (the data bound), or None when it does not apply."""
+        import torch
+
+        k = max(abs(lo), abs(hi)).bit_length()
+        if k not in self._split:
+            arrays = self._split_form((1 << k) - 1)
+            self._split[k] = None if arrays is None else (
+                torch.from_numpy(arrays[0].copy()), torch.from_numpy(arrays[1].copy()),
+                torch.from_numpy(arrays[2].copy()))
+        form = self._split[k]
+        if form is None:
+            return None
+        r, c, q = form
+        shape = tuple(acc.shape)
+        try:
+            if np.broadcast_shapes(shape, tuple(r.shape)) != shape:
+                return None
+        except ValueError:
+            return None
+        t = scratch_like("requant", acc, torch.float64)
+        t.copy_(acc)
+        torch.addcmul(c, t, r, out=t)  # exact: |acc * M + R| < 2**53, scaled by 2**-N
+        t.floor_()
+        t.add_(q)
+        t.clamp_(self.spec.lo, self.spec.hi)
+        out: np.ndarray = t.numpy().astype(self.spec.dtype)
+        return out
 
     def _cast(self, t: Any) -> np.ndarray:
         """Cast a clamped integer torch tensor to the output dtype (numpy's casts are the fast ones)."""

@@ -82,6 +82,41 @@ def test_float_form_needs_the_2_53_bound():
                                   reference(acc, [(1 << 31) - 1], [43], [0], attrs))
 
 
+@pytest.mark.parametrize("odt,zp", [(np.uint16, 42018), (np.uint8, 0), (np.int16, -300), (np.int8, 127)])
+def test_split_form_with_large_bias_and_spread_shifts(odt, zp):
+    # the recognizer's 16-bit convolutions: biases up to 2**36 (|bias * M| near 2**63), shifts from 3
+    # to 52 across channels, so neither the folded int64 nor the float64 form holds for the static
+    # bound; the split form does for the data's own bound (|acc| < 2**19), saturated channels (q
+    # clipped) included
+    m = np.array([(1 << 31) - 1, 5, -((1 << 30) + 777), (1 << 30) + 12345, 3 << 25, (1 << 31) - 3])
+    n = np.array([49, 3, 33, 40, 52, 30])
+    bias = np.array([1 << 30, -(1 << 34) + 3, 12345, -(1 << 31), (1 << 36) - 1, -7])
+    attrs = intref.out_attrs(odt, zp)
+    rq = Requant(m.reshape(-1, 1), n.reshape(-1, 1), OutSpec.from_attrs(attrs), bias.reshape(-1, 1),
+                 bound=1 << 40)
+    assert rq.fast is None and rq.exact64 is None
+    bound = (1 << 19) - 1
+    acc = RNG.integers(-bound, bound, size=(2, m.size, 64), endpoint=True)
+    acc[0, :, 0], acc[0, :, 1] = bound, -bound
+    acc[1, 1, :16] = 4 - bias[1] % 8 + 8 * np.arange(-8, 8)  # ties toward +infinity on the (5, 3) channel
+    want = reference(acc, m, n, bias, attrs)
+    for got in (rq.torch(torch.from_numpy(acc).double()), rq.torch(torch.from_numpy(acc).to(torch.int64)), rq(acc)):
+        assert got.dtype == np.dtype(odt)
+        np.testing.assert_array_equal(got, want)
+    assert rq._split[19] is not None  # the split form ran
+    # channels-last accumulators keep their layout
+    rq4 = Requant(m.reshape(-1, 1, 1), n.reshape(-1, 1, 1), OutSpec.from_attrs(attrs), bias.reshape(-1, 1, 1),
+                  bound=1 << 40)
+    cl = torch.from_numpy(acc.reshape(2, m.size, 8, 8)).double().contiguous(memory_format=torch.channels_last)
+    got = rq4.torch(cl)
+    assert got.transpose(0, 2, 3, 1).flags.c_contiguous
+    np.testing.assert_array_equal(got, want.reshape(2, m.size, 8, 8))
+    # data past the split form's bound (|M| * |acc| >= 2**53) take the literal form, same values
+    wide = np.array([[[1 << 30, -(1 << 30), 12345]] * m.size])
+    np.testing.assert_array_equal(rq(wide.copy()), reference(wide, m, n, bias, attrs))
+    assert rq._split[31] is None
+
+
 def test_float_form_exact_just_below_2_53():
     # |acc * M| + |offset| a hair under 2**53, accumulators at and near the bound: every product and
     # sum still has to be exact for the floor to be the rounding shift

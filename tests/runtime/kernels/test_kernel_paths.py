@@ -11,7 +11,7 @@ import pytest
 from pulsar.errors import PulsarError
 from pulsar.runtime.kernels import conv, int8
 from pulsar.runtime.kernels.common import OutSpec
-from pulsar.runtime.kernels.ort_int import MAX_DEPTH, U8U8Matmul, u8u8_exact
+from pulsar.runtime.kernels.ort_int import MAX_DEPTH, U8U8Matmul, byte_split, split_exact, u8u8_exact
 from tests.runtime.kernels import intref
 
 RNG = np.random.default_rng(28)
@@ -95,6 +95,38 @@ def test_batched_channels_last_pointwise_is_exact_on_each_path(path):
 
     want = requant(acc, m.reshape(-1, 1, 1), n.reshape(-1, 1, 1), OutSpec.from_attrs(attrs))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("xdt,x_zp", [(np.uint8, 55), (np.int8, -128)])
+def test_sixteen_bit_pointwise_weights_bit_exact_on_each_path(path, xdt, x_zp):
+    """16-bit weights (the recognizer's 1x1 convolutions): on "avx2" split into high and low bytes
+    for one double-width MatMulInteger; codes and weights at both ends, the low byte at its edges
+    (127 / 128, -128 / -129), against the Python-int reference."""
+    info = np.iinfo(xdt)
+    x = np.where(RNG.random((2, 96, 5, 7)) < 0.5, info.min, info.max).astype(xdt)
+    x[1] = RNG.integers(info.min, info.max, size=x.shape[1:], endpoint=True)
+    w = RNG.choice(np.array([-32768, 32639, 127, 128, -128, -129, 16256, -2240]), size=(40, 96, 1, 1))
+    w[:20] = RNG.integers(-3000, 17000, size=(20, 96, 1, 1))
+    w = w.astype(np.int16)
+    bias = RNG.integers(-(1 << 30), 1 << 30, size=40).astype(np.int64)
+    attrs = {"x_zp": x_zp, **intref.out_attrs(np.uint16, 18733)}
+    acc = intref.qconv(x, w, bias, [1], [0], intref.raw_attrs(attrs))
+    m, n = intref.fit_multipliers(acc, 1, np.uint16, RNG)
+    got = intref.run_kernel("QConv", attrs, [x, w, bias, m, n])[0]
+    np.testing.assert_array_equal(got, intref.qconv(x, w, bias, m, n, attrs))
+    core = conv._Weights(w, bias, m, n, OutSpec.from_attrs(attrs), attrs, False)
+    split = path == "avx2" and split_exact()
+    assert (core.plan(np.dtype(xdt), x_zp)[1] == "u8u8") == split
+    assert core.byte_halves is not None
+
+
+def test_byte_split_recombines_and_refuses_past_int16_edge():
+    w = np.array([[-32768, 32639, 127, 128, -128, -129, 0, 255, -256, 12345]])
+    hi, lo = byte_split(w)
+    np.testing.assert_array_equal(256 * hi + lo, w)
+    assert hi.min() >= -128 and hi.max() <= 127 and lo.min() >= -128 and lo.max() <= 127
+    assert byte_split(np.array([[32640]])) is None  # its high byte would be 128
+    assert split_exact() == u8u8_exact()
 
 
 @pytest.mark.skipif(not u8u8_exact(), reason="onnxruntime's uint8 x uint8 MatMulInteger is not exact here")
