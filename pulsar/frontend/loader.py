@@ -33,6 +33,7 @@ from pulsar.frontend.shapes import (  # noqa: F401  (re-exported: the loader is 
     infer_shapes,
     parse_input_shapes,
     require_static_inputs,
+    serialized_over,
 )
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ def _check_converted(original: onnx.ModelProto, model: onnx.ModelProto, path: st
     an opset-8 Scan fed by another node); refuse it here rather than build a wrong model. The
     converted model is held to the full check (with shape inference) when the original passes it,
     else to the plain one."""
-    if model.ByteSize() >= onnx.checker.MAXIMUM_PROTOBUF:
+    if serialized_over(model, onnx.checker.MAXIMUM_PROTOBUF - 1):  # ByteSize() >= the maximum
         return  # too large to check in memory; load_model checked the original by path
     errors = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
     try:

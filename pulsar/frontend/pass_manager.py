@@ -20,7 +20,7 @@ from pulsar.errors import PulsarError, did_you_mean
 from pulsar.frontend.check import Sample, compare_models, compare_outputs, random_samples, run
 from pulsar.frontend.graph import DEFAULT_DOMAINS
 from pulsar.frontend.passes import DEFAULT_PASSES, PASSES
-from pulsar.frontend.shapes import infer_shapes
+from pulsar.frontend.shapes import infer_shapes, serialized_over
 
 __all__ = ["PassRecord", "compare_models", "op_histogram", "optimize"]
 
@@ -144,6 +144,13 @@ def _fixed_point(
     return records, changed_names
 
 
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A deep copy in C++ (a serialize / parse round trip costs several times as much with large weights)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
 def optimize(
     model: onnx.ModelProto,
     passes: list[str] | None = None,
@@ -164,9 +171,9 @@ def optimize(
     Works on a copy: the caller's model stays the original for the final ``model_check``.
     """
     names = _validate(DEFAULT_PASSES if passes is None else passes)
-    small = model.ByteSize() <= _PROTO_LIMIT
+    small = not serialized_over(model, _PROTO_LIMIT)  # ByteSize() <= limit, without serializing the weights
     source = model
-    model = onnx.ModelProto.FromString(model.SerializeToString()) if small else model
+    model = _copy(model) if small else model
     if check and not small:
         log.warning("model is over 2 GB in memory; the transformation check is skipped")
         check = False
@@ -193,7 +200,7 @@ def optimize(
         if bad is not None:  # find the pass: replay from the input graph, checking after every change
             log.info("transformation check: the optimized graph differs (output %s); replaying the passes "
                      "one at a time to find the one that changed it", bad["output"])
-            model = onnx.ModelProto.FromString(source.SerializeToString())
+            model = _copy(source)
             state = {"ref": ref}
 
             def each(name: str, m: onnx.ModelProto) -> None:

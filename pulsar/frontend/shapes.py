@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 import onnx
 
@@ -127,35 +128,100 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     weights (a transformer's embedding tables) that copying costs far more than the inference. The
     large initializers go in as typed graph inputs instead (inference reads only their type and
     shape; data propagation needs the small shape tensors, which stay) and come back after."""
-    if model.ByteSize() > _PROTO_LIMIT:
-        log.warning("model is over 2 GB in memory; shape inference skipped")
+    inferred = _infer(model)
+    if inferred is None or inferred is model:
         return model
+    out, lifted = inferred
+    if not lifted:
+        return out
+    del out.graph.input[len(model.graph.input):]  # the lifted weights: initializers again, in their own order
+    # ``out`` with ``model``'s initializers: one C++ copy of the model, then every other field of
+    # ``out`` over it (a Python-level extend of the large initializers costs three times as much)
+    res = onnx.ModelProto()
+    res.CopyFrom(model)
+    _assign(res, out, skip="graph")
+    _assign(res.graph, out.graph, skip="initializer")
+    return res
+
+
+def inferred_graph(model: onnx.ModelProto) -> onnx.GraphProto:
+    """The graph of :func:`infer_shapes`, to read types and shapes from only: its large
+    initializers are graph inputs of their type and shape (not initializers), which spares copying
+    them back (a pass that reads the shapes of a large model calls this once per run)."""
+    inferred = _infer(model)
+    return model.graph if inferred is None or inferred is model else inferred[0].graph
+
+
+def _infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool] | onnx.ModelProto | None:
+    """(onnx's inference of ``model`` with the initializers over 64 KiB lifted to graph inputs, whether
+    any were); ``model`` itself when it is over 2 GB, None when inference failed."""
     g = model.graph
     names = {i.name for i in g.input}
     big = {t.name for t in g.initializer if t.name not in names and _weight_bytes(t) > _LIFT_BYTES}
+    if serialized_over(model, _PROTO_LIMIT, big):
+        log.warning("model is over 2 GB in memory; shape inference skipped")
+        return model
     try:
         if not big:
-            return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
-        light = onnx.ModelProto()
-        light.CopyFrom(model)
+            return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True), False
+        light = onnx.ModelProto()  # ``model`` without the large initializers, which are never copied
+        _assign(light, model, skip="graph")
         lg = light.graph
-        kept = [t for t in lg.initializer if t.name not in big]
-        del lg.initializer[:]
-        lg.initializer.extend(kept)
+        _assign(lg, g, skip="initializer")
+        lg.initializer.extend(t for t in g.initializer if t.name not in big)
         lg.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                         for t in g.initializer if t.name in big)
-        out = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True), True
     except Exception as exc:  # inference is best effort: partial info must never stop a build
         log.debug("shape inference failed: %s", exc)
-        return model
-    og = out.graph
-    del og.input[len(g.input):]  # the lifted weights: initializers again, in their own order
-    del og.initializer[:]
-    og.initializer.extend(g.initializer)
-    return out
+        return None
+
+
+def _assign(dst: Any, src: Any, skip: str) -> None:
+    """Every field of ``dst`` but ``skip`` replaced by ``src``'s (the same message type)."""
+    for fd in dst.DESCRIPTOR.fields:
+        if fd.name != skip:
+            dst.ClearField(fd.name)
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        if hasattr(value, "extend"):  # a repeated field
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def serialized_over(model: onnx.ModelProto, limit: int, big: set[str] | None = None) -> bool:
+    """``model.ByteSize() > limit`` without serializing (or copying) the large weights for the answer:
+    the bytes the dims of the raw ``big`` initializers allow (default: those over 64 KiB) plus the
+    exact size of every other part, and ``ByteSize`` itself within 64 MiB of the limit (room for the
+    large tensors' headers, at most 32 Ki of them under 2 GiB, and the model's scalar fields)."""
+    g = model.graph
+    if big is None:
+        big = {t.name for t in g.initializer if _weight_bytes(t) > _LIFT_BYTES}
+    size = 0
+    for t in g.initializer:  # a raw tensor holds at most dims x item size bytes (sub-byte types pack)
+        size += _raw_bound(t) if t.name in big and t.HasField("raw_data") else t.ByteSize()
+    size += sum(m.ByteSize() for m in (*g.node, *g.input, *g.output, *g.value_info, *g.sparse_initializer,
+                                        *model.functions, *model.training_info, *model.metadata_props))
+    if size < limit - (1 << 26):
+        return False
+    return model.ByteSize() > limit
 
 
 _LIFT_BYTES = 1 << 16  # initializers larger than this skip the round trip through onnx's C++ inference
+
+
+def _raw_bound(t: onnx.TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    try:
+        return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, ValueError, TypeError):  # a type numpy cannot hold: its exact size
+        return int(t.ByteSize())
 
 
 def _weight_bytes(t: onnx.TensorProto) -> int:

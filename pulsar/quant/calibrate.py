@@ -29,6 +29,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from pulsar.core.plugin_session import inference_session
 from pulsar.errors import PulsarError, did_you_mean
+from pulsar.frontend.shapes import serialized_over
 from pulsar.quant.observers import DEFAULT_NUM_BINS, TensorStats, compute_range, get_method
 from pulsar.quant.observers.histogram import DEFAULT_MOMENTUM
 from pulsar.utils.atomic import atomic_path
@@ -284,7 +285,7 @@ def _session(model: onnx.ModelProto, fetch: list[str]):
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     with contextlib.ExitStack() as stack:
-        if exposed.ByteSize() < _PROTO_LIMIT:
+        if not serialized_over(exposed, _PROTO_LIMIT - 1):  # ByteSize() < the limit, the weights not serialized
             source: bytes | str = exposed.SerializeToString()
         else:  # too large for one protobuf message: go through a file with external weights
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulsar_calib_", dir=scratch_dir())))

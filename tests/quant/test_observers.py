@@ -95,6 +95,22 @@ def test_nonfinite_values_are_skipped() -> None:
     assert s.count == 2 and s.nonfinite == 4
 
 
+def test_fast_binning_and_zero_count_match_the_plain_formulas(rng: np.random.Generator) -> None:
+    """update() counts zeros through a bool mask and casts bin positions through int32, in chunks:
+    the same counts as count_nonzero and an int64 cast over the whole tensor (-0.0 is a zero too)."""
+    from pulsar.quant.observers import histogram
+
+    x = (rng.standard_normal(3 * histogram._CHUNK + 17) * 5).astype(np.float32)
+    x[::7], x[::11] = 0.0, -0.0
+    x[5], x[9] = x.min() - 1, x.max() + 1  # the extremes land on the outer bins
+    s = TensorStats.empty()
+    s.update(x)
+    lo, hi, n = s.hist_lo, s.hist_hi, s.num_bins
+    t = np.clip((x - np.float32(lo)) * np.float32(n / (hi - lo)), 0.0, n - 0.5)
+    assert np.array_equal(s.hist, np.bincount(t.astype(np.int64), minlength=n)[:n])
+    assert s.zeros == x.size - np.count_nonzero(x) and s.zeros > x.size // 7
+
+
 def test_stats_memory_is_independent_of_sample_count(rng: np.random.Generator) -> None:
     few, many = TensorStats.empty(), TensorStats.empty()
     few.update(rng.standard_normal(100).astype(np.float32))

@@ -25,7 +25,7 @@ from pulsar.frontend.graph import (
     remove_nodes,
 )
 from pulsar.frontend.passes.registry import register_pass
-from pulsar.frontend.shapes import infer_shapes
+from pulsar.frontend.shapes import inferred_graph
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ _GEMM_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, Tenso
 
 def _ranks(model: onnx.ModelProto) -> dict[str, int]:
     """Tensor name -> rank, as far as shape inference knows (symbolic dims are fine)."""
-    graph = infer_shapes(model).graph
+    graph = inferred_graph(model)  # the large initializers there are inputs of the same dims
     ranks = {t.name: len(t.dims) for t in graph.initializer}
     for vi in [*graph.input, *graph.value_info, *graph.output]:
         dims = dims_of(vi)

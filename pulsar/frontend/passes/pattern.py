@@ -32,7 +32,7 @@ from pulsar.frontend.graph import (
     unique_name,
 )
 from pulsar.frontend.passes.constant_to_initializer import constant_tensor
-from pulsar.frontend.shapes import infer_shapes
+from pulsar.frontend.shapes import inferred_graph
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ class FusionContext:
         self.inits = {k: v for k, v in initializers(graph).items() if k not in overridable}
         self.elem_type: dict[str, int] = {}
         self.dims: dict[str, list[int | str | None]] = {}
-        inferred = infer_shapes(model)
-        for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        inferred = inferred_graph(model)  # the large weights as inputs: the loop below reads them from graph
+        for vi in [*inferred.input, *inferred.value_info, *inferred.output]:
             if vi.type.HasField("tensor_type"):
                 if vi.type.tensor_type.elem_type:
                     self.elem_type[vi.name] = vi.type.tensor_type.elem_type
