@@ -11,7 +11,8 @@ Per model (registry ``MODELS``; every file comes from an installed wheel, nothin
   fresh process of its own, alternating pulsar / onnxruntime for ``--repeat`` rounds (the fastest
   round of each is kept). ``proc s`` is the whole process as a user waits for it (interpreter,
   imports, data, work); ``call s`` the build call / the quantize_static call alone; ``peak MB`` the
-  process's peak resident set (``ru_maxrss``). Every pulsar build gets an empty output dir, so no
+  process's peak resident set (``VmHWM``: ``ru_maxrss`` would include the bench's own peak, which Linux
+  hands to every child at fork). Every pulsar build gets an empty output dir, so no
   calibration statistics cache is reused.
 - ``sim``: images/s of ``pulsar.Session`` (NPUBackend: the bit-exact integer simulator) on the
   compiled model against onnxruntime on the float model, at batch 1 and batch 8 (a build with
@@ -202,8 +203,10 @@ else:
                       calibrate_method=q.CalibrationMethod.MinMax)
 t2 = time.perf_counter()
 ru = resource.getrusage(resource.RUSAGE_SELF)
+# VmHWM: this process's own peak; ru_maxrss would start from the parent's peak (Linux copies it at fork)
+hwm = [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("VmHWM:")]
 print(json.dumps({"call_s": t2 - t1, "in_proc_s": t2 - t0, "cpu_s": ru.ru_utime + ru.ru_stime,
-                  "peak_mb": ru.ru_maxrss / 1024}))
+                  "peak_mb": int(hwm[0]) / 1024 if hwm else ru.ru_maxrss / 1024}))
 """
 
 
