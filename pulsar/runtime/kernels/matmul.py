@@ -55,8 +55,6 @@ class _ConstB:
 
 @register("QMatMul", domain=INT_DOMAIN)
 def make_qmatmul(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kernel:
-    import torch
-
     spec = OutSpec.from_attrs(attrs)
     a_zp, b_zp = int_attr(attrs, "a_zp", 0), int_attr(attrs, "b_zp", 0)
     trans_b = bool(int_attr(attrs, "trans_b", 0))
@@ -103,6 +101,8 @@ def make_qmatmul(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kern
                 bt = bt.transpose(-1, -2)
             channels = b.shape[-2] if (trans_b and b.ndim >= 2) else b.shape[-1] if b.ndim >= 2 else 1
             rq = requantizer(("act", k, amax, bmax), channels, np.asarray(bound), bias, m, n)
+        import torch  # at run time: preparing a program (the compiler's load check) needs no torch
+
         with torch.no_grad():
             acc = torch.matmul(at, bt)
         if acc.dim() == 0:  # vector . vector: one column, its (M, N) of shape [1] must not make y 1-D

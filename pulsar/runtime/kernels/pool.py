@@ -169,15 +169,15 @@ def make_qreducemean(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> 
 @register("MaxPool")
 def make_maxpool(attrs: dict[str, Any], consts: list[np.ndarray | None]) -> Kernel:
     """Max over each window; padded positions never win (they hold the dtype's minimum)."""
-    import torch
-    import torch.nn.functional as F
-
     win = _Window(attrs)
     if int_attr(attrs, "storage_order", 0):
         raise PulsarError("MaxPool storage_order 1 (Indices output) is not supported in NPU bodies")
-    pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[win.nd - 1]
 
     def run(inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        import torch  # at run time: preparing a program (the compiler's load check) needs no torch
+        import torch.nn.functional as F
+
+        pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[win.nd - 1]
         x = inputs[0]
         if x.dtype.kind not in "iu":
             raise PulsarError(f"input has dtype {x.dtype}; NPU activations are integer tensors")
