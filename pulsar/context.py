@@ -27,6 +27,7 @@ class BuildContext:
     artifacts: dict[str, Path] = field(default_factory=dict)
     check_samples: list[dict[str, Any]] = field(default_factory=list)
     analysis_samples: list[dict[str, Any]] = field(default_factory=list)  # NPUBackend precision analysis
+    float_reference: Any = None                 # pulsar.quant.calibrate.Reference: float outputs the pass kept
     quant_graph: Any = None                     # pulsar.quant.graph.QuantGraph, once the quant stage built it
     imported: dict[str, Any] = field(default_factory=dict)  # QuantONNX: tensor -> TensorQuant kept from the input
     # QuantONNX: model -> (float model, imported params); set by the orchestrator so the frontend

@@ -7,6 +7,7 @@ stored once at the top level).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import onnx
 
@@ -31,3 +32,20 @@ def outer_scope_inputs(graph: onnx.GraphProto) -> set[str]:
         defined.update(node.output)
     used.update(o.name for o in graph.output)
     return used - defined
+
+
+def assign_fields(dst: Any, src: Any, skip: str) -> None:
+    """Every field of ``dst`` but ``skip`` replaced by ``src``'s (the same message type): a model or
+    graph around one big field (the initializers) without copying that field."""
+    for fd in dst.DESCRIPTOR.fields:
+        if fd.name != skip:
+            dst.ClearField(fd.name)
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        if hasattr(value, "extend"):  # a repeated field
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)

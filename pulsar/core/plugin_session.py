@@ -23,6 +23,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from pulsar.core import custom_ops
+from pulsar.core.ort_weights import session_with_lifted_weights
 
 
 @dataclass(frozen=True)
@@ -180,15 +181,18 @@ class PluginSession:
 
 
 def inference_session(model: onnx.ModelProto | bytes | str | Path, options: ort.SessionOptions | None = None,
-                      providers: Sequence[str] | None = None) -> Any:
+                      providers: Sequence[str] | None = None, *, lift_weights: bool = False) -> Any:
     """``onnxruntime.InferenceSession(model, options, providers)``, or a :class:`PluginSession` when the
-    model holds operator-plugin nodes."""
+    model holds operator-plugin nodes. ``lift_weights``: a ModelProto's large weights reach onnxruntime
+    without being serialized (:mod:`pulsar.core.ort_weights`); ``options`` must then be fresh."""
     providers = list(providers or ["CPUExecutionProvider"])
     if custom_ops.CUSTOM_OPS:
         proto = model if isinstance(model, onnx.ModelProto) else (
             onnx.ModelProto.FromString(model) if isinstance(model, bytes) else onnx.load(str(model)))
         if custom_ops.plugin_nodes(proto):
             return PluginSession(proto, options, providers)
+    if lift_weights and isinstance(model, onnx.ModelProto):
+        return session_with_lifted_weights(model, options or ort.SessionOptions(), providers)
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else (
         model if isinstance(model, bytes) else str(model))
     return ort.InferenceSession(source, options, providers=providers)

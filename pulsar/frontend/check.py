@@ -31,7 +31,7 @@ def session(model: onnx.ModelProto, *, optimize: bool = False) -> ort.InferenceS
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    sess: ort.InferenceSession = inference_session(model, options, ["CPUExecutionProvider"])
+    sess: ort.InferenceSession = inference_session(model, options, ["CPUExecutionProvider"], lift_weights=True)
     return sess
 
 

@@ -158,10 +158,10 @@ def dims_of(value_info: onnx.ValueInfoProto) -> list[int | str | None] | None:
 class TypeInfo:
     """Element types and static shapes shape inference could establish, by tensor name."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto | onnx.GraphProto) -> None:
         self.elem_type: dict[str, int] = {}
         self.shape: dict[str, tuple[int, ...]] = {}
-        graph = model.graph
+        graph = model.graph if isinstance(model, onnx.ModelProto) else model
         for vi in [*graph.input, *graph.value_info, *graph.output]:
             if not vi.type.HasField("tensor_type"):
                 continue
@@ -176,6 +176,6 @@ class TypeInfo:
 
     @classmethod
     def infer(cls, model: onnx.ModelProto) -> TypeInfo:
-        from pulsar.frontend.shapes import infer_shapes
+        from pulsar.frontend.shapes import inferred_graph
 
-        return cls(infer_shapes(model))
+        return cls(inferred_graph(model))  # read only: the large weights need not come back

@@ -30,7 +30,10 @@ from pulsar.frontend.interface import check_tensor_interface
 from pulsar.frontend.ort_opset import max_qdq_opset
 from pulsar.frontend.shapes import (  # noqa: F401  (re-exported: the loader is the frontend's entry point)
     apply_input_shapes,
+    assign_fields,
     infer_shapes,
+    large_weights,
+    lift_weights,
     parse_input_shapes,
     require_static_inputs,
     serialized_over,
@@ -179,15 +182,37 @@ def convert_opset(model: onnx.ModelProto, path: str | Path = "model") -> onnx.Mo
 
 def _convert(model: onnx.ModelProto, path: str | Path, version: int, target: int) -> onnx.ModelProto:
     """``model`` at opset ``target`` with its own interface, checked; a PulsarError names the fix."""
+    # the converter and the checker serialize the whole model: its large weights go in as graph
+    # inputs (they only need their type and shape) and come back as initializers after
+    big = large_weights(model)
+    light = lift_weights(model, big) if big else model
     try:
-        converted = version_converter.convert_version(model, target)
+        converted = version_converter.convert_version(light, target)
     except Exception as exc:  # the converter raises bare RuntimeErrors for ops it cannot adapt
         raise PulsarError(
             f"model file {path}: converting opset {version} to {target} failed "
             f"({_first_line(exc)}); re-export the model with opset_version={target}"
         ) from exc
-    keep_interface(model, converted, path, version, target)
-    _check_converted(model, converted, path, version, target)
+    keep_interface(light, converted, path, version, target)  # the lifted weights: inputs of unchanged types
+    _check_converted(light, converted, path, version, target)
+    if big:  # the converted model around the original's large weights (one C++ copy of them)
+        res = onnx.ModelProto()
+        res.CopyFrom(model)
+        assign_fields(res, converted, skip="graph")
+        assign_fields(res.graph, converted.graph, skip="initializer")
+        kept = [i for i in converted.graph.input if i.name not in big]
+        del res.graph.input[:]
+        res.graph.input.extend(kept)
+        mine = {t.name: t for t in converted.graph.initializer}
+        inits = res.graph.initializer
+        for i in reversed(range(len(inits))):  # the small ones as converted, where they were
+            name = inits[i].name
+            if name in mine:
+                inits[i].CopyFrom(mine.pop(name))
+            elif name not in big:
+                del inits[i]  # dropped by the converter
+        inits.extend(mine.values())  # new ones (attributes turned into inputs) last
+        converted = res
     return converted
 
 

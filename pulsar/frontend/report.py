@@ -19,7 +19,7 @@ import onnx
 from pulsar.core.graph import subgraphs
 from pulsar.frontend.graph import DEFAULT_DOMAINS, TypeInfo, attr
 from pulsar.frontend.pass_manager import op_histogram
-from pulsar.frontend.shapes import infer_shapes
+from pulsar.frontend.shapes import inferred_graph
 
 __all__ = ["GraphSummary", "MAC_COUNTERS", "frontend_report_rows", "human_count", "summarize"]
 
@@ -171,7 +171,7 @@ def _compute_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     return [n for n in graph.node if n.domain in DEFAULT_DOMAINS and n.op_type in MAC_COUNTERS]
 
 
-def _static_shapes(model: onnx.ModelProto) -> dict[str, Shape]:
+def _static_shapes(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, Shape]:
     return TypeInfo(model).shape
 
 
@@ -186,7 +186,7 @@ def summarize(model: onnx.ModelProto) -> GraphSummary:
     shapes = _static_shapes(model)
     needed = {n for node in compute for n in [*node.input[:2], node.output[0]] if n}
     if needed - shapes.keys():
-        shapes = _static_shapes(infer_shapes(model))
+        shapes = _static_shapes(inferred_graph(model))
     macs, unknown = 0, 0
     for node in compute:
         count = MAC_COUNTERS[node.op_type](node, shapes)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
 
 import onnx
 
+from pulsar.core.graph import assign_fields
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.frontend.graph import dims_of, graph_input_names
 
@@ -139,8 +139,8 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     # ``out`` over it (a Python-level extend of the large initializers costs three times as much)
     res = onnx.ModelProto()
     res.CopyFrom(model)
-    _assign(res, out, skip="graph")
-    _assign(res.graph, out.graph, skip="initializer")
+    assign_fields(res, out, skip="graph")
+    assign_fields(res.graph, out.graph, skip="initializer")
     return res
 
 
@@ -155,42 +155,40 @@ def inferred_graph(model: onnx.ModelProto) -> onnx.GraphProto:
 def _infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool] | onnx.ModelProto | None:
     """(onnx's inference of ``model`` with the initializers over 64 KiB lifted to graph inputs, whether
     any were); ``model`` itself when it is over 2 GB, None when inference failed."""
-    g = model.graph
-    names = {i.name for i in g.input}
-    big = {t.name for t in g.initializer if t.name not in names and _weight_bytes(t) > _LIFT_BYTES}
+    big = large_weights(model)
     if serialized_over(model, _PROTO_LIMIT, big):
         log.warning("model is over 2 GB in memory; shape inference skipped")
         return model
     try:
         if not big:
             return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True), False
-        light = onnx.ModelProto()  # ``model`` without the large initializers, which are never copied
-        _assign(light, model, skip="graph")
-        lg = light.graph
-        _assign(lg, g, skip="initializer")
-        lg.initializer.extend(t for t in g.initializer if t.name not in big)
-        lg.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                        for t in g.initializer if t.name in big)
+        light = lift_weights(model, big)
         return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True), True
     except Exception as exc:  # inference is best effort: partial info must never stop a build
         log.debug("shape inference failed: %s", exc)
         return None
 
 
-def _assign(dst: Any, src: Any, skip: str) -> None:
-    """Every field of ``dst`` but ``skip`` replaced by ``src``'s (the same message type)."""
-    for fd in dst.DESCRIPTOR.fields:
-        if fd.name != skip:
-            dst.ClearField(fd.name)
-    for fd, value in src.ListFields():
-        if fd.name == skip:
-            continue
-        if hasattr(value, "extend"):  # a repeated field
-            getattr(dst, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
+def large_weights(model: onnx.ModelProto) -> set[str]:
+    """Initializers over 64 KiB that are not also graph inputs: the ones worth keeping out of a copy."""
+    g = model.graph
+    names = {i.name for i in g.input}
+    return {t.name for t in g.initializer if t.name not in names and _weight_bytes(t) > _LIFT_BYTES}
+
+
+def lift_weights(model: onnx.ModelProto, big: set[str]) -> onnx.ModelProto:
+    """``model`` with the initializers ``big`` as typed graph inputs (appended after the real ones), made
+    without copying them: for onnx's C++ tools (inference, the version converter, the checker), which
+    serialize the whole model, and read only the type and shape of a weight."""
+    g = model.graph
+    light = onnx.ModelProto()
+    assign_fields(light, model, skip="graph")
+    lg = light.graph
+    assign_fields(lg, g, skip="initializer")
+    lg.initializer.extend(t for t in g.initializer if t.name not in big)
+    lg.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                    for t in g.initializer if t.name in big)
+    return light
 
 
 def serialized_over(model: onnx.ModelProto, limit: int, big: set[str] | None = None) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import tempfile
@@ -27,6 +28,8 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
+from pulsar.core import custom_ops
+from pulsar.core.ort_weights import session_with_lifted_weights
 from pulsar.core.plugin_session import inference_session
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.frontend.shapes import serialized_over
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "Reference",
     "TensorStats",
     "collect_statistics",
     "compute_ranges",
@@ -61,11 +65,29 @@ _ORT_ERRORS = (
     ort_state.RuntimeException,
 )
 _HIST_THREADS = 2  # threads that count one sample's activations (the float pass's own threads are onnxruntime's)
+# one sample's activations (from the model's static shapes) up to which the next sample's float pass
+# overlaps their counting, two samples' activations alive at once; larger or unknown ones run one at a time
+_OVERLAP_BYTES = 64 << 20
 _KEY_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB cap, with room for the graph around the weights
 
 
 # ------------------------------------------------------------------------------------ statistics
+class Reference:
+    """The float model's outputs ``names`` on the first ``count`` calibration samples, kept from the
+    calibration pass for the build's check of its quantized model, which then runs no float session
+    of its own. Stays empty when the pass does not run (statistics from the cache or a file)."""
+
+    def __init__(self, names: Iterable[str], count: int) -> None:
+        self.names, self.count = list(names), count
+        self.outputs: list[dict[str, np.ndarray]] = []
+
+    def keep(self, fetch: list[str], values: list) -> None:
+        if len(self.outputs) < self.count:
+            got = dict(zip(fetch, values, strict=True))
+            self.outputs.append({n: got[n] for n in self.names if n in got})
+
+
 def collect_statistics(
     model: onnx.ModelProto,
     tensor_names: list[str],
@@ -78,6 +100,7 @@ def collect_statistics(
     momentum: float = DEFAULT_MOMENTUM,
     device: str = "cpu",
     backend: str = "auto",
+    reference: Reference | None = None,
 ) -> dict[str, TensorStats]:
     """Statistics of ``tensor_names`` over all ``samples`` (dicts input name -> array).
 
@@ -91,7 +114,8 @@ def collect_statistics(
     float model in torch on that GPU with the statistics reduced there
     (:mod:`pulsar.quant.calibration_torch`). ``backend="torch"`` forces the torch pass on any
     device (tests compare it with onnxruntime on CPU). The torch pass's statistics differ slightly,
-    so its cache key names the device kind.
+    so its cache key names the device kind. ``reference`` keeps float outputs of the onnxruntime
+    pass (:class:`Reference`).
     """
     names = list(dict.fromkeys(tensor_names))
     torch_device = _torch_device(device, backend)
@@ -126,7 +150,7 @@ def collect_statistics(
 
     start = time.perf_counter()
     if torch_device is None:
-        done, where = _ort_pass(model, inputs, from_feed, fetch, stats, samples, progress), "cpu"
+        done, where = _ort_pass(model, inputs, from_feed, fetch, stats, samples, progress, reference), "cpu"
     else:
         from pulsar.quant.calibration_torch import device_name, torch_pass
 
@@ -189,37 +213,84 @@ def _ort_pass(
     stats: dict[str, TensorStats],
     samples: Iterable[dict[str, np.ndarray]],
     progress: Callable[[int], None] | None,
+    reference: Reference | None = None,
 ) -> int:
-    """The float pass in onnxruntime on CPU, the activations exposed as extra outputs; returns the sample count."""
+    """The float pass in onnxruntime on CPU, the activations exposed as extra outputs; returns the sample count.
+
+    When one sample's activations are small (:data:`_OVERLAP_BYTES`), onnxruntime runs sample k on one
+    core less, in a helper thread (it releases the GIL), while the activations of sample k - 1 are
+    counted: the two halves of the pass overlap on a 2-core machine. Otherwise each sample runs on
+    every core, then its activations are counted on every core.
+    """
     done = 0
     workers = min(_HIST_THREADS, os.cpu_count() or 1)
-    with _session(model, fetch) as session, ThreadPoolExecutor(max(1, workers - 1)) as pool:
+    size = _activation_bytes(model, fetch)
+    overlap = size is not None and size <= _OVERLAP_BYTES
+    with _session(model, fetch, overlap) as session, ThreadPoolExecutor(max(1, workers)) as pool:
         dtypes = _input_dtypes(inputs)
+        counting: list | None = None  # the previous sample's activations, not yet counted
         for sample in samples:  # not enumerate(): its reused result tuple would keep the last sample alive
             done += 1
             feed = _make_feed(sample, inputs, dtypes, done)
+            del sample
             for name in from_feed:
                 stats[name].update(feed[name])
-            try:
-                outputs = session.run(fetch, feed) if fetch else []
-            except _ORT_ERRORS as exc:
-                raise PulsarError(
-                    f"calibration sample {done}: onnxruntime failed on the float model ({_first_line(exc)}); "
-                    "check that the calibration data matches the model inputs"
-                ) from exc
-            del feed, sample  # before the next sample is made: one sample's data alive at a time
-            _count(pool, workers, fetch, outputs, stats)
+            running = pool.submit(_run_float, session, fetch, feed, done) if fetch else None
+            del feed  # the run holds it until it ends: one sample's data alive at a time
+            if counting is not None:
+                _count(pool, workers - 1, fetch, counting, stats)
+                counting = None
+                if progress is not None:
+                    progress(done - 1)
+            outputs = running.result() if running is not None else []
+            if reference is not None:
+                reference.keep(fetch, outputs)
+            if not overlap:
+                _count(pool, workers, fetch, outputs, stats)
+                if progress is not None:
+                    progress(done)
+            else:
+                counting = outputs
             del outputs
+        if counting is not None:
+            _count(pool, workers, fetch, counting, stats)
+            del counting
             if progress is not None:
                 progress(done)
     return done
 
 
+def _run_float(session: ort.InferenceSession, fetch: list[str], feed: dict[str, np.ndarray], index: int) -> list:
+    try:
+        return list(session.run(fetch, feed))
+    except _ORT_ERRORS as exc:
+        raise PulsarError(
+            f"calibration sample {index}: onnxruntime failed on the float model ({_first_line(exc)}); "
+            "check that the calibration data matches the model inputs"
+        ) from exc
+
+
+def _activation_bytes(model: onnx.ModelProto, fetch: list[str]) -> int | None:
+    """Bytes of one sample's ``fetch`` from the model's static shapes; None when one is unknown."""
+    infos = {v.name: v for v in [*model.graph.value_info, *model.graph.output]}
+    total = 0
+    for name in fetch:
+        info = infos.get(name)
+        tt = info.type.tensor_type if info is not None else None
+        if tt is None or not tt.HasField("shape") or not tt.elem_type:
+            return None
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim]
+        if any(d <= 0 for d in dims):
+            return None
+        total += math.prod(dims) * onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).itemsize
+    return total
+
+
 def _count(pool: ThreadPoolExecutor, workers: int, fetch: list[str], outputs: list, stats: dict[str, TensorStats]) -> None:
     """Every fetched activation of one sample into its statistics. Each tensor's statistics are its
-    own, so ``workers`` threads take the tensors one at a time (numpy's kernels release the GIL: the
-    histograms, most of the pass's CPU time, then use both cores of a 2-core machine) with the result
-    of one thread; each activation is let go as soon as it is counted."""
+    own, so the calling thread and ``workers - 1`` pool threads take the tensors one at a time
+    (numpy's kernels release the GIL: the histograms, most of the pass's CPU time, then use both
+    cores of a 2-core machine); each activation is let go as soon as it is counted."""
     order = iter(range(len(fetch)))
     lock = threading.Lock()
 
@@ -272,35 +343,47 @@ def compute_ranges(
 
 # --------------------------------------------------------------------------------- onnxruntime
 @contextlib.contextmanager
-def _session(model: onnx.ModelProto, fetch: list[str]):
-    """An onnxruntime session on a copy of ``model`` that also outputs ``fetch``."""
+def _session(model: onnx.ModelProto, fetch: list[str], overlap: bool = False):
+    """An onnxruntime session on a copy of ``model`` that also outputs ``fetch``; with ``overlap`` on one
+    core less (:func:`_ort_pass`)."""
     if not fetch:
         yield None
         return
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    outputs = {o.name for o in exposed.graph.output}
-    # name-only outputs: onnxruntime infers their types, and no stale value_info can contradict it
-    exposed.graph.output.extend(onnx.ValueInfoProto(name=n) for n in fetch if n not in outputs)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    # overlapped, the float pass leaves one core to the counting of the previous sample; its threads do
+    # not spin while they wait, which leaves the cores to the counting threads (spinning cost 30-50 %
+    # more CPU time for the same pass)
+    if overlap:
+        opts.intra_op_num_threads = max(1, (os.cpu_count() or 1) - 1)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     with contextlib.ExitStack() as stack:
-        if not serialized_over(exposed, _PROTO_LIMIT - 1):  # ByteSize() < the limit, the weights not serialized
-            source: bytes | str = exposed.SerializeToString()
-        else:  # too large for one protobuf message: go through a file with external weights
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulsar_calib_", dir=scratch_dir())))
-            onnx.save_model(exposed, tmp / "model.onnx", save_as_external_data=True, location="weights.bin")
-            source = str(tmp / "model.onnx")
-        del exposed
         try:
-            session = inference_session(source, opts, ["CPUExecutionProvider"])  # plugin ops run their forward
+            if custom_ops.CUSTOM_OPS or serialized_over(model, _PROTO_LIMIT - 1):
+                session = inference_session(_through_file(model, fetch, stack), opts, ["CPUExecutionProvider"])
+            else:  # the weights reach onnxruntime without a copy; name-only outputs: onnxruntime infers their types
+                session = session_with_lifted_weights(model, opts, ["CPUExecutionProvider"], fetch)
         except _ORT_ERRORS as exc:
             raise PulsarError(
                 f"calibration: onnxruntime cannot load the float model ({_first_line(exc)}); "
                 "the model must run in onnxruntime on CPU for calibration"
             ) from exc
-        del source
         yield session
+
+
+def _through_file(model: onnx.ModelProto, fetch: list[str], stack: contextlib.ExitStack) -> bytes | str:
+    """``model`` with ``fetch`` as more outputs (name only: no stale value_info can contradict
+    onnxruntime's types): its bytes, or a file with external weights for a model over protobuf's 2 GB
+    (operator plugins run their forward through :func:`inference_session`, which needs the whole model)."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    outputs = {o.name for o in exposed.graph.output}
+    exposed.graph.output.extend(onnx.ValueInfoProto(name=n) for n in fetch if n not in outputs)
+    if not serialized_over(exposed, _PROTO_LIMIT - 1):  # ByteSize() < the limit, the weights not serialized
+        return exposed.SerializeToString()
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulsar_calib_", dir=scratch_dir())))
+    onnx.save_model(exposed, tmp / "model.onnx", save_as_external_data=True, location="weights.bin")
+    return str(tmp / "model.onnx")
 
 
 def _first_line(exc: Exception, limit: int = 300) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -31,7 +32,8 @@ from pulsar.quant.algorithms.table_inputs import widen_table_inputs
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
 from pulsar.quant.analysis.metrics import Accumulator, flattened_slices
 from pulsar.quant.analysis.table import publish_slices
-from pulsar.quant.calibrate import collect_statistics
+from pulsar.quant.calibrate import Reference, collect_statistics
+from pulsar.quant.calibration_set import DeferredStats, fused_away
 from pulsar.quant.datasets import CalibrationData, DatasetConfig, InputSpec
 from pulsar.quant.graph import QuantGraph
 from pulsar.quant.in_ir import model_ranges
@@ -46,7 +48,7 @@ from pulsar.quant.samples import Samples, check_sample_dirs, open_sample_dir
 from pulsar.quant.scheme import BITS, TensorQuant
 from pulsar.quant.shifts import shift_presets
 from pulsar.quant.statistics_file import load_statistics_file, write_statistics
-from pulsar.ui import show, table
+from pulsar.ui import plural, show, table
 from pulsar.utils.atomic import atomic_write_bytes, atomic_write_text
 from pulsar.utils.progress import counted, progress_task, progress_tasks
 
@@ -149,20 +151,28 @@ def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: b
            '{"layer_name": ..., "data_type": "FP32"} and report the model to pulsar')
     what = "running the quantized model quant/quantized.onnx"
     with ort_guard(what, fix):
-        qsess = inference_session(qmodel.SerializeToString(), reference_session_options(),
-                                  providers=["CPUExecutionProvider"])
-    fsess = inference_session(ctx.float_model.SerializeToString(), reference_session_options(),
-                              providers=["CPUExecutionProvider"])
+        qsess = inference_session(qmodel, reference_session_options(), providers=["CPUExecutionProvider"],
+                                  lift_weights=True)
     wanted = {i.name for i in qsess.get_inputs()}
     names = [o.name for o in qsess.get_outputs()]
+    kept = ctx.float_reference.outputs if ctx.float_reference is not None else []
+    refs: Iterable[dict[str, np.ndarray]]
+    if len(kept) >= len(samples):  # the calibration pass kept the float outputs of these samples
+        refs = kept[: len(samples)]
+    else:
+        fsess = inference_session(ctx.float_model, reference_session_options(), providers=["CPUExecutionProvider"],
+                                  lift_weights=True)
+        refs = (dict(zip(names, fsess.run(names, {k: v for k, v in s.items() if k in wanted}), strict=True))
+                for s in samples)
     accs = {n: Accumulator() for n in names}
-    for sample in samples:
+    for sample, ref in zip(samples, refs, strict=True):
         feeds = {k: v for k, v in sample.items() if k in wanted}
         with ort_guard(what, fix):
             got = qsess.run(names, feeds)
-        for n, ref, value in zip(names, fsess.run(names, feeds), got, strict=True):
-            if np.issubdtype(ref.dtype, np.floating) and ref.shape == value.shape:
-                accs[n].add(ref, value)
+        for n, value in zip(names, got, strict=True):
+            r = ref.get(n)  # a non-float output is not kept: nothing to compare
+            if r is not None and np.issubdtype(r.dtype, np.floating) and r.shape == value.shape:
+                accs[n].add(r, value)
     for line in slice_warnings(ctx, qmodel, accs):
         log.warning("%s", line)
 
@@ -362,6 +372,34 @@ def _finetune_asked(q: QuantConfig) -> bool:
     return bool(q.enable_adaround or q.enable_brecq or q.enable_lsq)
 
 
+def calibrate(ctx: BuildContext, model: onnx.ModelProto, precision: dict[str, NodePrecision]) -> dict[str, Any]:
+    """Statistics of the float pass over the calibration data (:mod:`pulsar.quant.calibration_set`:
+    tensors fused away in the plan of ``precision`` come later, if at all); the pass keeps the float
+    outputs of the first samples for :func:`check_quantized_model`."""
+    q, data = ctx.cfg.quant, ctx.calibration
+    everything = calibration_tensors(model)
+    # the statistics file holds every activation; otherwise the fused ones wait until something reads them
+    deferred = set() if q.save_statistics else fused_away(model, precision, **plan_kw(q))
+    ctx.float_reference = Reference([o.name for o in model.graph.output], SLICE_CHECK_SAMPLES)
+    kw: dict[str, Any] = {"num_bins": q.calibration_bins, "momentum": q.calibration_momentum,
+                          "cache_dir": ctx.work_dir / "cache", "cache_key": _cache_key(model, data, q),
+                          "device": q.device}  # quant.device: cuda runs the float pass in torch there
+    with ctx.stages.progress() as bar:
+        task = bar.add_task(f"calibrating ({plural(len(data), 'sample')})", total=len(data))
+        stats = collect_statistics(model, [t for t in everything if t not in deferred], data,
+                                   progress=lambda n: bar.update(task, completed=n), reference=ctx.float_reference,
+                                   **kw)
+
+    def fill(names: list[str]) -> dict[str, Any]:
+        with ctx.stages.progress() as bar:
+            task = bar.add_task(f"calibrating {plural(len(names), 'fused tensor')} ({plural(len(data), 'sample')})",
+                                total=len(data))
+            return collect_statistics(model, names, data, progress=lambda n: bar.update(task, completed=n),
+                                      **{**kw, "cache_key": None})
+
+    return DeferredStats(stats, deferred, fill)
+
+
 def run_quant(ctx: BuildContext) -> QuantResult:
     q = ctx.cfg.quant
     check_sample_dirs(ctx.cfg, ctx.float_model)
@@ -372,26 +410,19 @@ def run_quant(ctx: BuildContext) -> QuantResult:
     if q.enable_smooth_quant:
         run_smooth_quant(ctx)
     model = ctx.float_model
-    data = ctx.calibration
     edited: dict[str, tuple[float, float]] = {}
+    check_layer_configs(ctx.cfg, model)
+    precision = resolve_layer_precision(q.layer_configs, model, highest_mix_precision=q.highest_mix_precision,
+                                        transformer_opt_level=q.transformer_opt_level)
     if q.statistics_file:
         stats, edited = load_statistics_file(Path(cast(str, q.statistics_file)), calibration_tensors(model),
                                              (q.calibration_bins, q.calibration_momentum))
     else:
-        with ctx.stages.progress() as bar:
-            task = bar.add_task(f"calibrating ({len(data)} sample{'s' if len(data) != 1 else ''})", total=len(data))
-            stats = collect_statistics(model, calibration_tensors(model), data,
-                                       progress=lambda n: bar.update(task, completed=n),
-                                       num_bins=q.calibration_bins, momentum=q.calibration_momentum,
-                                       cache_dir=ctx.work_dir / "cache", cache_key=_cache_key(model, data, q),
-                                       device=q.device)  # quant.device: cuda runs the float pass in torch there
-    check_layer_configs(ctx.cfg, model)
+        stats = calibrate(ctx, model, precision)
     show_layer_config_table(q.layer_configs, ctx.quiet)
     range_inputs = RangeInputs(tuning=resolve_layer_tuning(q.layer_configs, model, q), edited=edited,
                                in_ir=model_ranges(ctx.cfg.input, model, calibration_tensors(model)) if uses_in_ir(q)
                                else {})
-    precision = resolve_layer_precision(q.layer_configs, model, highest_mix_precision=q.highest_mix_precision,
-                                        transformer_opt_level=q.transformer_opt_level)
     precision = {**precision, **shift_presets(model, stats, precision)}
     precision = {**precision, **join_presets(model, stats, precision)}
     export_kw = {"bias_fp32": q.conv_bias_data_type == "FP32", "refine_weight_threshold": q.refine_weight_threshold}

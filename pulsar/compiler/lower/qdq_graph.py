@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pulsar.core.tensors import initializer_array
 from pulsar.frontend.graph import DEFAULT_DOMAINS, node_inputs
-from pulsar.frontend.shapes import infer_shapes
+from pulsar.frontend.shapes import inferred_graph
 
 QDQ_DOMAINS = (*DEFAULT_DOMAINS, "com.microsoft")
 INT_RANGES: dict[int, tuple[int, int]] = {
@@ -207,9 +207,9 @@ def inferable(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def infer_types(model: onnx.ModelProto) -> dict[str, TensorType]:
     """Elem type and shape of every tensor, with com.microsoft Q / DQ read as Casts."""
-    m = infer_shapes(inferable(model))
+    g = inferred_graph(inferable(model))  # read only: the large weights need not come back
     types: dict[str, TensorType] = {}
-    for vi in [*m.graph.value_info, *m.graph.input, *m.graph.output]:
+    for vi in [*g.value_info, *g.input, *g.output]:
         t = vi.type.tensor_type
         if not vi.type.HasField("tensor_type") or not t.elem_type:
             continue
@@ -217,7 +217,7 @@ def infer_types(model: onnx.ModelProto) -> dict[str, TensorType]:
         if t.HasField("shape"):
             shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
         types[vi.name] = TensorType(t.elem_type, shape)
-    for t in m.graph.initializer:
+    for t in g.initializer:
         types[t.name] = TensorType(t.data_type, tuple(t.dims))
     return types
 

@@ -14,7 +14,7 @@ from onnx import helper
 from pulsar.core.padding import auto_pads
 from pulsar.frontend.graph import DEFAULT_DOMAINS, attr, dims_of
 from pulsar.frontend.passes.registry import register_pass
-from pulsar.frontend.shapes import infer_shapes
+from pulsar.frontend.shapes import inferred_graph
 
 WINDOW_OPS = frozenset({"Conv", "MaxPool", "AveragePool", "LpPool"})
 
@@ -29,8 +29,7 @@ def explicit_pads(model: onnx.ModelProto) -> bool:
              and _text(attr(n, "auto_pad", b"NOTSET")) != "NOTSET"]
     if not nodes:
         return False
-    inferred = infer_shapes(model)
-    g = inferred.graph
+    g = inferred_graph(model)
     dims = {vi.name: dims_of(vi) for vi in [*g.input, *g.value_info, *g.output]}
     dims.update({t.name: list(t.dims) for t in model.graph.initializer})
     changed = False

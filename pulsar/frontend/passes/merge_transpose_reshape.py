@@ -41,7 +41,7 @@ from pulsar.frontend.graph import (
     unique_name,
 )
 from pulsar.frontend.passes.registry import register_pass
-from pulsar.frontend.shapes import infer_shapes
+from pulsar.frontend.shapes import inferred_graph
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class _Context:
     def dims(self, name: str) -> list[int | str | None] | None:
         """Inferred dims of ``name`` (computed once, on first use; rewrites keep values unchanged)."""
         if self._dims is None:
-            graph = infer_shapes(self.model).graph
+            graph = inferred_graph(self.model)
             self._dims = {t.name: list(t.dims) for t in graph.initializer}
             for vi in [*graph.input, *graph.value_info, *graph.output]:
                 dims = dims_of(vi)

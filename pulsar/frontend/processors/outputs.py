@@ -27,7 +27,7 @@ from pulsar.frontend.processors.chain import (
     shape_text,
     type_name,
 )
-from pulsar.frontend.shapes import infer_shapes
+from pulsar.frontend.shapes import inferred_graph
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def attach_output_processors(model: onnx.ModelProto, processors: Sequence[Any]) 
     for name, index, p in assign(processors, list(outputs), "output_processors", "output"):
         vi = outputs[name]
         if name not in known:  # only ask shape inference when the model does not say
-            inferred = infer_shapes(result).graph
+            inferred = inferred_graph(result)
             known.update({v.name: v for v in [*inferred.value_info, *inferred.output] if dims_of(v) is not None})
         dims = dims_of(known[name]) if name in known else None
         elem_type = vi.type.tensor_type.elem_type
