@@ -156,7 +156,11 @@ def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -
     with st.stage("quantization"):
         quantized = run_quant(ctx)
     with st.stage("compile"):
-        compiled = run_compiler(ctx, quantized)
+        try:
+            compiled = run_compiler(ctx, quantized)
+        finally:  # the quant stage's run of its model went on meanwhile; its error comes first
+            if ctx.quant_check is not None:
+                ctx.quant_check.join()
         _run_compiled(ctx, quantized.qdq_model, compiled)
     if ctx.cfg.evaluation.metric:
         from pulsar.evaluation.evaluate import run_evaluation

@@ -28,6 +28,7 @@ class BuildContext:
     check_samples: list[dict[str, Any]] = field(default_factory=list)
     analysis_samples: list[dict[str, Any]] = field(default_factory=list)  # NPUBackend precision analysis
     float_reference: Any = None                 # pulsar.quant.calibrate.Reference: float outputs the pass kept
+    quant_check: Any = None                     # pulsar.quant.model_check.QuantCheck: runs while the compiler works
     quant_graph: Any = None                     # pulsar.quant.graph.QuantGraph, once the quant stage built it
     imported: dict[str, Any] = field(default_factory=dict)  # QuantONNX: tensor -> TensorQuant kept from the input
     # QuantONNX: model -> (float model, imported params); set by the orchestrator so the frontend

@@ -28,7 +28,7 @@ def _raw_size(t: onnx.TensorProto) -> int:
     """Bytes of a raw-data tensor from its dims (reading ``raw_data`` would copy it)."""
     if not t.HasField("raw_data") or t.data_type == onnx.TensorProto.STRING:
         return 0
-    return math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return int(math.prod(t.dims)) * int(onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize)
 
 
 def session_with_lifted_weights(model: onnx.ModelProto, options: ort.SessionOptions, providers: Sequence[str],

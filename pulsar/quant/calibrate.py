@@ -21,7 +21,7 @@ import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -82,7 +82,7 @@ class Reference:
         self.names, self.count = list(names), count
         self.outputs: list[dict[str, np.ndarray]] = []
 
-    def keep(self, fetch: list[str], values: list) -> None:
+    def keep(self, fetch: list[str], values: list[Any]) -> None:
         if len(self.outputs) < self.count:
             got = dict(zip(fetch, values, strict=True))
             self.outputs.append({n: got[n] for n in self.names if n in got})
@@ -226,9 +226,11 @@ def _ort_pass(
     workers = min(_HIST_THREADS, os.cpu_count() or 1)
     size = _activation_bytes(model, fetch)
     overlap = size is not None and size <= _OVERLAP_BYTES
-    with _session(model, fetch, overlap) as session, ThreadPoolExecutor(max(1, workers)) as pool:
+    # one pool thread less than workers: a helper counting sample k - 1 queues behind the float run of
+    # sample k and takes its share of the tensors once that run has ended (work sharing, no idle core)
+    with _session(model, fetch, overlap) as session, ThreadPoolExecutor(max(1, workers - 1)) as pool:
         dtypes = _input_dtypes(inputs)
-        counting: list | None = None  # the previous sample's activations, not yet counted
+        counting: list[Any] | None = None  # the previous sample's activations, not yet counted
         for sample in samples:  # not enumerate(): its reused result tuple would keep the last sample alive
             done += 1
             feed = _make_feed(sample, inputs, dtypes, done)
@@ -238,7 +240,7 @@ def _ort_pass(
             running = pool.submit(_run_float, session, fetch, feed, done) if fetch else None
             del feed  # the run holds it until it ends: one sample's data alive at a time
             if counting is not None:
-                _count(pool, workers - 1, fetch, counting, stats)
+                _count(pool, workers, fetch, counting, stats)
                 counting = None
                 if progress is not None:
                     progress(done - 1)
@@ -260,7 +262,7 @@ def _ort_pass(
     return done
 
 
-def _run_float(session: ort.InferenceSession, fetch: list[str], feed: dict[str, np.ndarray], index: int) -> list:
+def _run_float(session: ort.InferenceSession, fetch: list[str], feed: dict[str, np.ndarray], index: int) -> list[Any]:
     try:
         return list(session.run(fetch, feed))
     except _ORT_ERRORS as exc:
@@ -286,7 +288,7 @@ def _activation_bytes(model: onnx.ModelProto, fetch: list[str]) -> int | None:
     return total
 
 
-def _count(pool: ThreadPoolExecutor, workers: int, fetch: list[str], outputs: list, stats: dict[str, TensorStats]) -> None:
+def _count(pool: ThreadPoolExecutor, workers: int, fetch: list[str], outputs: list[Any], stats: dict[str, TensorStats]) -> None:
     """Every fetched activation of one sample into its statistics. Each tensor's statistics are its
     own, so the calling thread and ``workers - 1`` pool threads take the tensors one at a time
     (numpy's kernels release the GIL: the histograms, most of the pass's CPU time, then use both
@@ -343,7 +345,7 @@ def compute_ranges(
 
 # --------------------------------------------------------------------------------- onnxruntime
 @contextlib.contextmanager
-def _session(model: onnx.ModelProto, fetch: list[str], overlap: bool = False):
+def _session(model: onnx.ModelProto, fetch: list[str], overlap: bool = False) -> Iterator[Any]:
     """An onnxruntime session on a copy of ``model`` that also outputs ``fetch``; with ``overlap`` on one
     core less (:func:`_ort_pass`)."""
     if not fetch:
@@ -380,7 +382,7 @@ def _through_file(model: onnx.ModelProto, fetch: list[str], stack: contextlib.Ex
     outputs = {o.name for o in exposed.graph.output}
     exposed.graph.output.extend(onnx.ValueInfoProto(name=n) for n in fetch if n not in outputs)
     if not serialized_over(exposed, _PROTO_LIMIT - 1):  # ByteSize() < the limit, the weights not serialized
-        return exposed.SerializeToString()
+        return bytes(exposed.SerializeToString())
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pulsar_calib_", dir=scratch_dir())))
     onnx.save_model(exposed, tmp / "model.onnx", save_as_external_data=True, location="weights.bin")
     return str(tmp / "model.onnx")
@@ -446,8 +448,12 @@ def stats_from_arrays(arrays: dict[str, np.ndarray]) -> dict[str, TensorStats]:
 
 def save_statistics(path: str | Path, stats: dict[str, TensorStats]) -> Path:
     """Write statistics to an ``.npz`` file atomically."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez_compressed(f, **stats_to_arrays(stats))
+    # an .npz as numpy writes it, deflated at level 1: the histograms are mostly zeros, and level 1
+    # is 5x faster than savez_compressed's default for 10 % more bytes
+    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        for name, value in stats_to_arrays(stats).items():
+            with z.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
     log.debug("calibration statistics saved to %s", path)
     return Path(path)
 

@@ -52,7 +52,7 @@ class DeferredStats(dict[str, TensorStats]):
         self._collect()
         return dict.__getitem__(self, key)
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         if key in self.deferred:
             self._collect()
         return dict.get(self, key, default)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -18,9 +17,6 @@ from onnx import numpy_helper
 from pulsar.config.semantic import check_layer_configs
 from pulsar.context import BuildContext
 from pulsar.core.handoff import QuantResult
-from pulsar.core.ort_errors import ort_guard
-from pulsar.core.ort_options import reference_session_options
-from pulsar.core.plugin_session import inference_session
 from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.algorithms import auto_mixed_precision
 from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
@@ -30,7 +26,6 @@ from pulsar.quant.algorithms.refine_scale import weighted_layer_inputs
 from pulsar.quant.algorithms.smooth_quant import apply_smooth_quant
 from pulsar.quant.algorithms.table_inputs import widen_table_inputs
 from pulsar.quant.analysis import analyze, precision_table, worst_rows, write_mermaid, write_table
-from pulsar.quant.analysis.metrics import Accumulator, flattened_slices
 from pulsar.quant.analysis.table import publish_slices
 from pulsar.quant.calibrate import Reference, collect_statistics
 from pulsar.quant.calibration_set import DeferredStats, fused_away
@@ -40,9 +35,9 @@ from pulsar.quant.in_ir import model_ranges
 from pulsar.quant.joins import join_presets
 from pulsar.quant.layer_configs import resolve_layer_precision, show_layer_config_table
 from pulsar.quant.layer_tuning import resolve_layer_tuning
+from pulsar.quant.model_check import SLICE_CHECK_SAMPLES, QuantCheck, check_quantized_model
 from pulsar.quant.plan import QuantPlan, make_plan
 from pulsar.quant.precision import DEFAULT_DTYPE, HIGHEST_DTYPE, NodePrecision
-from pulsar.quant.qdq import output_steps
 from pulsar.quant.ranges import RangeInputs, activation_ranges
 from pulsar.quant.samples import Samples, check_sample_dirs, open_sample_dir
 from pulsar.quant.scheme import BITS, TensorQuant
@@ -134,72 +129,6 @@ def check_dtypes(qmodel: onnx.ModelProto, params: dict[str, TensorQuant]) -> int
     if missing:
         raise RuntimeError(f"quant check: no Q/DQ for {missing[:3]}")
     return checked
-
-
-SLICE_CHECK_SAMPLES = 8
-
-
-def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: bool) -> None:
-    """Every build runs its own QDQ model in onnxruntime (Q/DQ as float math) on a few calibration
-    samples before writing it: a build never ends with a quant/quantized.onnx that cannot run. The
-    outputs are compared with the float model's per slice (channel and last-axis index), and a slice
-    that lost most of its signal is a warning naming the tensor, the slice and the layer_configs fix."""
-
-    samples = list(islice(iter(ctx.calibration), SLICE_CHECK_SAMPLES))
-    fix = ("check the quant_op_processors patch of that node" if patched else
-           "keep that node's layer in float with a quant.layer_configs entry "
-           '{"layer_name": ..., "data_type": "FP32"} and report the model to pulsar')
-    what = "running the quantized model quant/quantized.onnx"
-    with ort_guard(what, fix):
-        qsess = inference_session(qmodel, reference_session_options(), providers=["CPUExecutionProvider"],
-                                  lift_weights=True)
-    wanted = {i.name for i in qsess.get_inputs()}
-    names = [o.name for o in qsess.get_outputs()]
-    kept = ctx.float_reference.outputs if ctx.float_reference is not None else []
-    refs: Iterable[dict[str, np.ndarray]]
-    if len(kept) >= len(samples):  # the calibration pass kept the float outputs of these samples
-        refs = kept[: len(samples)]
-    else:
-        fsess = inference_session(ctx.float_model, reference_session_options(), providers=["CPUExecutionProvider"],
-                                  lift_weights=True)
-        refs = (dict(zip(names, fsess.run(names, {k: v for k, v in s.items() if k in wanted}), strict=True))
-                for s in samples)
-    accs = {n: Accumulator() for n in names}
-    for sample, ref in zip(samples, refs, strict=True):
-        feeds = {k: v for k, v in sample.items() if k in wanted}
-        with ort_guard(what, fix):
-            got = qsess.run(names, feeds)
-        for n, value in zip(names, got, strict=True):
-            r = ref.get(n)  # a non-float output is not kept: nothing to compare
-            if r is not None and np.issubdtype(r.dtype, np.floating) and r.shape == value.shape:
-                accs[n].add(r, value)
-    for line in slice_warnings(ctx, qmodel, accs):
-        log.warning("%s", line)
-
-
-def slice_warnings(ctx: BuildContext, qmodel: onnx.ModelProto, accs: dict[str, Accumulator]) -> list[str]:
-    """One line per output axis whose grid flattens slices (:func:`flattened_slices`): which slices,
-    how their values compare with the step, and the layer_configs entry that keeps them."""
-    producers = {o: n for n in ctx.float_model.graph.node for o in n.output}
-    steps = output_steps(qmodel)
-    lines = []
-    for name, acc in accs.items():
-        for axis in sorted(acc.slices):
-            bad = flattened_slices(acc, axis, steps.get(name))
-            if not bad:
-                continue
-            worst = bad[0]
-            node = producers.get(name)
-            layer = node.name if node is not None else name
-            idx = ", ".join(str(t.index) for t in sorted(bad, key=lambda t: t.index)[:12])
-            more = " ..." if len(bad) > 12 else ""
-            lines.append(
-                f"output '{name}': {len(bad)} of {worst.size} slices along axis {axis} ([{idx}{more}]) are flattened "
-                f"by its quantization step {steps[name]:.4g} (worst: index {worst.index}, values of RMS "
-                f"{worst.rms:.3g}, {worst.sqnr_db:.1f} dB SQNR, cosine {worst.cosine:.3f}; whole tensor cosine "
-                f"{acc.cosine:.4f}): the rest of the tensor sets the step. Likely fix: quant.layer_configs "
-                f'{{"layer_name": "{layer}", "data_type": "U16"}} (or split the output)')
-    return lines
 
 
 NPU_ANALYSIS_SAMPLES = 32
@@ -456,7 +385,8 @@ def run_quant(ctx: BuildContext) -> QuantResult:
     patched = apply_op_processors(qmodel, ctx.cfg.quant_op_processors, field="quant_op_processors")
     for line in patched:
         log.info("patched quantized graph: %s", line)
-    check_quantized_model(ctx, qmodel, bool(patched))
+    # the outputs on a few samples: the session opens here, the runs go on while the compiler works
+    ctx.quant_check = QuantCheck.start(check_quantized_model(ctx, qmodel, bool(patched)))
     if q.check >= 1:
         log.info("quant check: %d quantized tensors have the dtypes of their config", check_dtypes(qmodel, qg.params))
     path = ctx.path("quant", "quantized.onnx")
@@ -465,6 +395,7 @@ def run_quant(ctx: BuildContext) -> QuantResult:
     qjson = qg.to_json(q.calibration_method, HIGHEST_DTYPE if q.highest_mix_precision else DEFAULT_DTYPE)
     atomic_write_text(jpath, json.dumps(qjson, indent=1))
     if q.precision_analysis and q.precision_analysis_mode == "Reference":
+        ctx.quant_check.join()  # the analysis would repeat a failure of the check in other words
         run_precision_analysis(ctx, qmodel, qjson)
     elif q.precision_analysis:  # NPUBackend: runs after compilation, on at most this many samples
         ctx.analysis_samples = list(islice(analysis_samples(ctx), NPU_ANALYSIS_SAMPLES))

@@ -128,3 +128,23 @@ def test_opset_conversion_without_copying_weights_equals_the_converter(tmp_path:
     theirs = version_converter.convert_version(model, ours.opset_import[0].version)
     assert ours.opset_import[0].version > 11
     assert ours.SerializeToString() == theirs.SerializeToString()
+
+
+def test_quant_check_runs_in_a_helper_thread_and_join_raises_its_error() -> None:
+    import threading
+
+    from pulsar.errors import PulsarError
+    from pulsar.quant.model_check import QuantCheck
+
+    seen: list[str] = []
+    ok = QuantCheck.start(lambda: seen.append(threading.current_thread().name))
+    ok.join()
+    assert seen and seen[0].startswith("pulsar-quant-check")
+
+    def fails() -> None:
+        raise PulsarError("onnxruntime failed running the quantized model")
+
+    bad = QuantCheck.start(fails)
+    with pytest.raises(PulsarError, match="quantized model"):
+        bad.join()
+    bad.join()  # joined once: nothing left to raise

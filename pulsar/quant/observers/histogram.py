@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal, overload
 
 import numpy as np
 
@@ -84,20 +85,23 @@ class TensorStats:
         x = x.reshape(-1)
         if x.size == 0:
             return
-        lo, hi = float(x.min()), float(x.max())
+        lo, hi = _extremes(x)
         if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN / Inf are rare: pay for the mask only then
             finite = x[np.isfinite(x)]
             self.nonfinite += int(x.size - finite.size)
             x = finite
             if x.size == 0:
                 return
-            lo, hi = float(x.min()), float(x.max())
+            lo, hi = _extremes(x)
         finite = x
-        # x == 0 then counting a bool array: 5x faster than count_nonzero on floats (-0.0 counts alike);
-        # in chunks, so the mask stays small
-        zeros = sum(int(np.count_nonzero(x[s : s + _CHUNK] == 0)) for s in range(0, x.size, _CHUNK))
-        self.add_batch(int(x.size), lo, hi, zeros,
-                       lambda g_lo, g_hi, n: _bin_counts(finite, g_lo, g_hi, n))
+        zeros = [0]  # counted while binning: each chunk is read from memory once for both
+
+        def bins(g_lo: float, g_hi: float, n: int) -> np.ndarray:
+            counts, zeros[0] = _bin_counts(finite, g_lo, g_hi, n, count_zeros=True)
+            return counts
+
+        self.add_batch(int(x.size), lo, hi, 0, bins)
+        self.zeros += zeros[0]
 
     def add_batch(self, count: int, lo: float, hi: float, zeros: int,
                   bin_counts: Callable[[float, float, int], np.ndarray]) -> None:
@@ -198,23 +202,44 @@ def _initial_grid(lo: float, hi: float) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def _bin_counts(x: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
-    """Counts of ``x`` (all within [lo, hi]) in ``n`` equal bins; the top edge goes to the last bin.
+def _extremes(x: np.ndarray) -> tuple[float, float]:
+    """(min, max) of a flat array, chunk by chunk: the max reads each chunk from cache, not memory (NaN
+    propagates as in ``x.min()``)."""
+    if x.size <= _CHUNK:
+        return float(x.min()), float(x.max())
+    parts = [(c.min(), c.max()) for c in (x[s : s + _CHUNK] for s in range(0, x.size, _CHUNK))]
+    return float(np.min([p[0] for p in parts])), float(np.max([p[1] for p in parts]))
 
-    Large tensors go in chunks, so the temporaries (bin positions, indices) stay small.
+
+@overload
+def _bin_counts(x: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray: ...
+@overload
+def _bin_counts(x: np.ndarray, lo: float, hi: float, n: int, count_zeros: Literal[True]) -> tuple[np.ndarray, int]: ...
+def _bin_counts(x: np.ndarray, lo: float, hi: float, n: int,
+                count_zeros: bool = False) -> np.ndarray | tuple[np.ndarray, int]:
+    """Counts of ``x`` (all within [lo, hi]) in ``n`` equal bins; the top edge goes to the last bin.
+    With ``count_zeros`` also the number of exact zeros (-0.0 counts alike).
+
+    Large tensors go in chunks, so the temporaries (bin positions, indices) stay small and each
+    chunk is read from memory once.
     """
     scale = n / (hi - lo)
+    orig = x
     if x.dtype == np.float32 and (scale > 1e30 or abs(lo) > 1e30):
         x = x.astype(np.float64)  # keep float32 arithmetic away from overflow on degenerate grids
     lo_, scale_ = x.dtype.type(lo), x.dtype.type(scale)
     counts = np.zeros(n, np.int64)
+    zeros = 0
     for start in range(0, x.size, _CHUNK):
-        t = x[start : start + _CHUNK] - lo_
+        chunk = x[start : start + _CHUNK]
+        if count_zeros:  # x == 0 then counting a bool array: 5x faster than count_nonzero on floats
+            zeros += int(np.count_nonzero(orig[start : start + _CHUNK] == 0))
+        t = chunk - lo_
         t *= scale_
         np.clip(t, 0.0, n - 0.5, out=t)  # rounding can push the extremes just past the outer edges
         # t is in [0, n): through int32 (a vectorized cast; float -> int64 is not) to the intp bincount takes
         counts += np.bincount(t.astype(np.int32).astype(np.intp), minlength=n)[:n]
-    return counts
+    return (counts, zeros) if count_zeros else counts
 
 
 # --------------------------------------------------------------------------- derived histograms
