@@ -176,9 +176,10 @@ def _to_log_file(renderable: Any) -> None:
     """Render a rich object as plain text into the build log (not to the terminal)."""
     if not any(isinstance(h, BuildLog) for h in log.handlers):
         return
-    plain = Console(width=160, no_color=True, record=True, file=io.StringIO())
-    width = Measurement.get(plain, plain.options.update(width=100_000), renderable).maximum
-    plain.print(renderable, width=max(width, 20))
+    # a console wide enough that nothing folds: a table renders at its natural width (one measuring
+    # pass inside print, not a separate Measurement.get over every cell first)
+    plain = Console(width=100_000, no_color=True, record=True, file=io.StringIO())
+    plain.print(renderable)
     text = plain.export_text()
     for h in log.handlers:
         if isinstance(h, BuildLog):

@@ -10,13 +10,16 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image, ImageOps
 
 from pulsar.errors import PulsarError
 from pulsar.quant.datasets.safe_pickle import load_numpy_object
 from pulsar.quant.datasets.spec import DatasetConfig, InputSpec
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 class Reader:
@@ -104,6 +107,8 @@ _LAYOUTS = ("NCHW", "NHWC")
 
 def _image_formats() -> list[str]:
     """Decoders allowed for calibration images: common raster formats only (no EPS / Ghostscript)."""
+    from PIL import Image  # only image data sets load PIL (a build without them skips its import)
+
     Image.init()
     return sorted({f for f in _IMAGE_EXTENSIONS.values() if f in Image.OPEN})
 
@@ -153,6 +158,8 @@ class ImageReader(Reader):
     def decode(
         self, data: bytes, origin: str, specs: Sequence[InputSpec], config: DatasetConfig
     ) -> dict[str, np.ndarray]:
+        from PIL import Image, ImageOps
+
         try:
             with Image.open(io.BytesIO(data), formats=_image_formats()) as opened:
                 image = ImageOps.exif_transpose(opened)  # phone photos: honour the orientation tag
@@ -166,6 +173,8 @@ class ImageReader(Reader):
     @staticmethod
     def _to_tensor(image: Image.Image, spec: InputSpec, config: DatasetConfig) -> np.ndarray:
         height, width = (spec.shape[2], spec.shape[3]) if spec.tensor_layout == "NCHW" else spec.shape[1:3]
+        from PIL import Image
+
         mode = "L" if spec.tensor_format == "GRAY" else "RGB"
         resized = image.convert(mode).resize((width, height), Image.Resampling.BILINEAR)
         pixels = np.asarray(resized, dtype=np.float32).reshape(height, width, -1)  # HWC
