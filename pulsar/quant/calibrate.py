@@ -74,17 +74,26 @@ _PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB cap, with room for the graph ar
 
 # ------------------------------------------------------------------------------------ statistics
 class Reference:
-    """The float model's outputs ``names`` on the first ``count`` calibration samples, kept from the
-    calibration pass for the build's check of its quantized model, which then runs no float session
-    of its own. Stays empty when the pass does not run (statistics from the cache or a file)."""
+    """The first ``count`` calibration samples (the model's feeds) and the float model's outputs
+    ``names`` on them, kept from the calibration pass for the build's check of its quantized model,
+    which then neither reads the data again nor runs a float session of its own (and cannot pair an
+    output with another sample, whatever a data set plugin streams). Stays empty when the pass does
+    not run (statistics from the cache or a file)."""
 
     def __init__(self, names: Iterable[str], count: int) -> None:
         self.names, self.count = list(names), count
+        self.inputs: list[dict[str, np.ndarray]] = []
         self.outputs: list[dict[str, np.ndarray]] = []
+        self.complete = False  # the pass ran to the end: fewer samples than ``count`` are then all there are
 
-    def keep(self, fetch: list[str], values: list[Any]) -> None:
-        if len(self.outputs) < self.count:
+    @property
+    def wants(self) -> bool:
+        return len(self.outputs) < self.count
+
+    def keep(self, feed: dict[str, np.ndarray], fetch: list[str], values: list[Any]) -> None:
+        if self.wants:
             got = dict(zip(fetch, values, strict=True))
+            self.inputs.append(feed)
             self.outputs.append({n: got[n] for n in self.names if n in got})
 
 
@@ -151,6 +160,8 @@ def collect_statistics(
     start = time.perf_counter()
     if torch_device is None:
         done, where = _ort_pass(model, inputs, from_feed, fetch, stats, samples, progress, reference), "cpu"
+        if reference is not None:
+            reference.complete = True
     else:
         from pulsar.quant.calibration_torch import device_name, torch_pass
 
@@ -238,6 +249,7 @@ def _ort_pass(
             for name in from_feed:
                 stats[name].update(feed[name])
             running = pool.submit(_run_float, session, fetch, feed, done) if fetch else None
+            kept = feed if reference is not None and reference.wants else None
             del feed  # the run holds it until it ends: one sample's data alive at a time
             if counting is not None:
                 _count(pool, workers, fetch, counting, stats)
@@ -245,8 +257,9 @@ def _ort_pass(
                 if progress is not None:
                     progress(done - 1)
             outputs = running.result() if running is not None else []
-            if reference is not None:
-                reference.keep(fetch, outputs)
+            if kept is not None and reference is not None:
+                reference.keep(kept, fetch, outputs)
+                del kept
             if not overlap:
                 _count(pool, workers, fetch, outputs, stats)
                 if progress is not None:

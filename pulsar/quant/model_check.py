@@ -9,7 +9,7 @@ GIL), and the build joins them before it publishes anything (:class:`QuantCheck`
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -59,7 +59,11 @@ def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: b
 
     Everything that reads ``qmodel`` or the build's data happens now; the returned function does the
     runs and the warnings on what it was given (see :class:`QuantCheck`)."""
-    samples = list(islice(iter(ctx.calibration), SLICE_CHECK_SAMPLES))
+    kept = ctx.float_reference
+    if kept is not None and kept.complete:  # from the calibration pass
+        samples, refs = kept.inputs[:SLICE_CHECK_SAMPLES], kept.outputs[:SLICE_CHECK_SAMPLES]
+    else:
+        samples, refs = list(islice(iter(ctx.calibration), SLICE_CHECK_SAMPLES)), None
     fix = ("check the quant_op_processors patch of that node" if patched else
            "keep that node's layer in float with a quant.layer_configs entry "
            '{"layer_name": ..., "data_type": "FP32"} and report the model to pulsar')
@@ -69,11 +73,7 @@ def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: b
                                   lift_weights=True)
     wanted = {i.name for i in qsess.get_inputs()}
     names = [o.name for o in qsess.get_outputs()]
-    kept = ctx.float_reference.outputs if ctx.float_reference is not None else []
-    refs: Iterable[dict[str, np.ndarray]]
-    if len(kept) >= len(samples):  # the calibration pass kept the float outputs of these samples
-        refs = kept[: len(samples)]
-    else:
+    if refs is None:  # the statistics came from the cache or a file: run the float model here
         fsess = inference_session(ctx.float_model, reference_session_options(), providers=["CPUExecutionProvider"],
                                   lift_weights=True)
         refs = (dict(zip(names, fsess.run(names, {k: v for k, v in s.items() if k in wanted}), strict=True))

@@ -43,12 +43,17 @@ def test_overlapped_pass_equals_one_sample_at_a_time(monkeypatch) -> None:
 def test_reference_keeps_the_float_outputs_of_the_first_samples() -> None:
     samples = _samples(5)
     ref = Reference(["add_out", "not_fetched"], 3)
+    assert not ref.complete
     collect_statistics(_shaped(), NAMES, samples, reference=ref)
-    assert len(ref.outputs) == 3
+    assert ref.complete and len(ref.outputs) == len(ref.inputs) == 3
     sess = ort.InferenceSession(_model().SerializeToString(), providers=["CPUExecutionProvider"])
-    for kept, sample in zip(ref.outputs, samples, strict=False):
+    for feed, kept, sample in zip(ref.inputs, ref.outputs, samples, strict=False):
+        np.testing.assert_array_equal(feed["x"], sample["x"])  # the sample these outputs belong to
         assert set(kept) == {"add_out"}
         np.testing.assert_allclose(kept["add_out"], sess.run(["add_out"], sample)[0], rtol=1e-5, atol=1e-6)
+    few = Reference(["add_out"], 8)  # fewer samples than asked for: all of them, and the pass is complete
+    collect_statistics(_shaped(), NAMES, samples, reference=few)
+    assert few.complete and len(few.outputs) == len(samples) == 5
 
 
 def test_deferred_statistics_are_collected_on_first_read() -> None:
