@@ -27,6 +27,8 @@ class BuildContext:
     artifacts: dict[str, Path] = field(default_factory=dict)
     check_samples: list[dict[str, Any]] = field(default_factory=list)
     analysis_samples: list[dict[str, Any]] = field(default_factory=list)  # NPUBackend precision analysis
+    # (model, sha256 of its serialized bytes): the frontend hashes optimized.onnx as it writes it
+    float_digest: tuple[onnx.ModelProto, Any] | None = None
     float_reference: Any = None                 # pulsar.quant.calibrate.Reference: float outputs the pass kept
     quant_check: Any = None                     # pulsar.quant.model_check.QuantCheck: runs while the compiler works
     quant_graph: Any = None                     # pulsar.quant.graph.QuantGraph, once the quant stage built it

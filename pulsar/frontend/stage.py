@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from itertools import islice
 from pathlib import Path
@@ -95,6 +96,9 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
         log.info("onnx_opt.save_tensors_data: %s written with %s", path.name,
                  f"its tensors in {files[1].name}" if len(files) > 1 else "no tensor large enough to move out")
     else:
-        atomic_write_bytes(path, model.SerializeToString())
+        data = model.SerializeToString()
+        atomic_write_bytes(path, data)
+        # the bytes' digest, while they exist: the calibration cache key hashes this model
+        ctx.float_digest = (model, hashlib.sha256(data))
     ctx.artifacts["optimized float model"] = path
     return model

@@ -153,3 +153,19 @@ def test_quant_check_runs_in_a_helper_thread_and_join_raises_its_error() -> None
     with pytest.raises(PulsarError, match="quantized model"):
         bad.join()
     bad.join()  # joined once: nothing left to raise
+
+
+def test_cache_key_from_the_frontend_digest_equals_hashing_the_model() -> None:
+    import hashlib
+    from types import SimpleNamespace
+
+    from pulsar.quant.stage import _cache_key
+
+    model = _model()
+    data = SimpleNamespace(fingerprint=lambda: "files:6")
+    q = SimpleNamespace(calibration_bins=4096, calibration_momentum=0.9)
+    plain = _cache_key(model, data, q)  # type: ignore[arg-type]
+    digest = (model, hashlib.sha256(model.SerializeToString()))
+    assert _cache_key(model, data, q, digest) == plain  # type: ignore[arg-type]
+    other = _model(outputs=["proj"])  # a digest of another model object is not used
+    assert _cache_key(other, data, q, digest) == _cache_key(other, data, q) != plain  # type: ignore[arg-type]

@@ -28,9 +28,9 @@ def eliminate_dead_nodes(model: onnx.ModelProto) -> bool:
     unused = [t for t in graph.initializer if t.name not in live]
     if unused:
         names = {t.name for t in unused}
-        kept = [t for t in graph.initializer if t.name not in names]
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
+        for i in reversed(range(len(graph.initializer))):  # in place: re-adding the kept ones would copy them
+            if graph.initializer[i].name in names:
+                del graph.initializer[i]
         # Old IR versions (and torch's keep_initializers_as_inputs) list weights as inputs too.
         inputs = [i for i in graph.input if i.name not in names]
         if len(inputs) != len(graph.input):
