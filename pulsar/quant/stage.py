@@ -45,6 +45,7 @@ from pulsar.quant.shifts import shift_presets
 from pulsar.quant.statistics_file import load_statistics_file, write_statistics
 from pulsar.ui import plural, show, table
 from pulsar.utils.atomic import atomic_write_bytes, atomic_write_text
+from pulsar.utils.jsonrows import dumps_rows
 from pulsar.utils.progress import counted, progress_task, progress_tasks
 
 if TYPE_CHECKING:
@@ -396,7 +397,7 @@ def run_quant(ctx: BuildContext) -> QuantResult:
     atomic_write_bytes(path, qmodel.SerializeToString())
     jpath = ctx.path("quant", "quant_config.json")
     qjson = qg.to_json(q.calibration_method, HIGHEST_DTYPE if q.highest_mix_precision else DEFAULT_DTYPE)
-    atomic_write_text(jpath, json.dumps(qjson, indent=1))
+    atomic_write_text(jpath, dumps_rows(qjson))  # one line per tensor and per node
     if q.precision_analysis and q.precision_analysis_mode == "Reference":
         ctx.quant_check.join()  # the analysis would repeat a failure of the check in other words
         run_precision_analysis(ctx, qmodel, qjson)
