@@ -78,23 +78,36 @@ class Reference:
     ``names`` on them, kept from the calibration pass for the build's check of its quantized model,
     which then neither reads the data again nor runs a float session of its own (and cannot pair an
     output with another sample, whatever a data set plugin streams). Stays empty when the pass does
-    not run (statistics from the cache or a file)."""
+    not run (statistics from the cache or a file), and drops what it has kept when the samples would
+    hold more than ``budget`` bytes: the check then reads and runs one sample at a time."""
 
-    def __init__(self, names: Iterable[str], count: int) -> None:
-        self.names, self.count = list(names), count
+    def __init__(self, names: Iterable[str], count: int, budget: int = 64 << 20) -> None:
+        self.names, self.count, self.budget = list(names), count, budget
         self.inputs: list[dict[str, np.ndarray]] = []
         self.outputs: list[dict[str, np.ndarray]] = []
         self.complete = False  # the pass ran to the end: fewer samples than ``count`` are then all there are
+        self.dropped = False  # the samples would have held more than ``budget`` bytes: none are kept
+        self._bytes = 0
 
     @property
     def wants(self) -> bool:
-        return len(self.outputs) < self.count
+        return not self.dropped and len(self.outputs) < self.count
+
+    @property
+    def usable(self) -> bool:
+        return self.complete and not self.dropped
 
     def keep(self, feed: dict[str, np.ndarray], fetch: list[str], values: list[Any]) -> None:
-        if self.wants:
-            got = dict(zip(fetch, values, strict=True))
-            self.inputs.append(feed)
-            self.outputs.append({n: got[n] for n in self.names if n in got})
+        if not self.wants:
+            return
+        got = dict(zip(fetch, values, strict=True))
+        outputs = {n: got[n] for n in self.names if n in got}
+        self._bytes += sum(int(getattr(a, "nbytes", 0)) for a in [*feed.values(), *outputs.values()])
+        if self._bytes > self.budget:  # large inputs or outputs (a segmentation map): the check streams
+            self.inputs, self.outputs, self.dropped = [], [], True
+            return
+        self.inputs.append(feed)
+        self.outputs.append(outputs)
 
 
 def collect_statistics(

@@ -60,7 +60,7 @@ def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: b
     Everything that reads ``qmodel`` or the build's data happens now; the returned function does the
     runs and the warnings on what it was given (see :class:`QuantCheck`)."""
     kept = ctx.float_reference
-    if kept is not None and kept.complete:  # from the calibration pass
+    if kept is not None and kept.usable:  # from the calibration pass
         samples, refs = kept.inputs[:SLICE_CHECK_SAMPLES], kept.outputs[:SLICE_CHECK_SAMPLES]
     else:
         samples, refs = list(islice(iter(ctx.calibration), SLICE_CHECK_SAMPLES)), None

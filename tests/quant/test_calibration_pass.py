@@ -53,7 +53,11 @@ def test_reference_keeps_the_float_outputs_of_the_first_samples() -> None:
         np.testing.assert_allclose(kept["add_out"], sess.run(["add_out"], sample)[0], rtol=1e-5, atol=1e-6)
     few = Reference(["add_out"], 8)  # fewer samples than asked for: all of them, and the pass is complete
     collect_statistics(_shaped(), NAMES, samples, reference=few)
-    assert few.complete and len(few.outputs) == len(samples) == 5
+    assert few.usable and len(few.outputs) == len(samples) == 5
+    # a budget of about one sample (x and add_out, 768 B each): the second overflows it, nothing is kept
+    small = Reference(["add_out"], 8, budget=2 * 768 + 1)
+    collect_statistics(_shaped(), NAMES, samples, reference=small)
+    assert small.complete and small.dropped and not small.usable and small.inputs == small.outputs == []
 
 
 def test_deferred_statistics_are_collected_on_first_read() -> None:
