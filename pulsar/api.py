@@ -154,13 +154,22 @@ def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -
     with st.stage("frontend (graph optimization)"):
         ctx.model = run_frontend(ctx, original)
     with st.stage("quantization"):
-        quantized = run_quant(ctx)
+        try:
+            quantized = run_quant(ctx)
+        except BaseException:
+            if ctx.quant_check is not None:  # started before the failure: nothing may run on after it
+                ctx.quant_check.settle()
+            raise
     with st.stage("compile"):
         try:
             compiled = run_compiler(ctx, quantized)
-        finally:  # the quant stage's run of its model went on meanwhile; its error comes first
-            if ctx.quant_check is not None:
-                ctx.quant_check.join()
+        except Exception:
+            ctx.quant_check.join()  # the quant stage's run of its model went on meanwhile: its error first
+            raise
+        except BaseException:  # an interrupt stays the interrupt
+            ctx.quant_check.settle()
+            raise
+        ctx.quant_check.join()
         _run_compiled(ctx, quantized.qdq_model, compiled)
     if ctx.cfg.evaluation.metric:
         from pulsar.evaluation.evaluate import run_evaluation

@@ -21,12 +21,18 @@ from onnx import numpy_helper
 from pulsar.core.graph import assign_fields
 
 LIFT_BYTES = 1 << 16  # initializers at least this large go in as OrtValues
+# element types onnxruntime builds an OrtValue from a numpy array of (bfloat16, float8 and 4-bit
+# tensors come back from onnx as ml_dtypes arrays, which it refuses): the others stay in the proto
+_T = onnx.TensorProto
+LIFTABLE = frozenset({_T.FLOAT, _T.DOUBLE, _T.FLOAT16, _T.INT8, _T.UINT8, _T.INT16, _T.UINT16, _T.INT32,
+                      _T.UINT32, _T.INT64, _T.UINT64, _T.BOOL})
 _LOCATION = "pulsar-external-initializer"  # never read: the OrtValue of the same name replaces it
 
 
 def _raw_size(t: onnx.TensorProto) -> int:
-    """Bytes of a raw-data tensor from its dims (reading ``raw_data`` would copy it)."""
-    if not t.HasField("raw_data") or t.data_type == onnx.TensorProto.STRING:
+    """Bytes of a raw-data tensor of a :data:`LIFTABLE` type from its dims (reading ``raw_data`` would
+    copy it); 0 for any other."""
+    if not t.HasField("raw_data") or t.data_type not in LIFTABLE:
         return 0
     return int(math.prod(t.dims)) * int(onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize)
 

@@ -106,7 +106,8 @@ class Reference:
         if self._bytes > self.budget:  # large inputs or outputs (a segmentation map): the check streams
             self.inputs, self.outputs, self.dropped = [], [], True
             return
-        self.inputs.append(feed)
+        # copies: a data set plugin may hand out one buffer it refills for every sample
+        self.inputs.append({k: np.array(v, copy=True) for k, v in feed.items()})
         self.outputs.append(outputs)
 
 
@@ -159,16 +160,20 @@ def collect_statistics(
     skipped = [n for n in names if n in initializers and n not in produced]
     if skipped:
         log.debug("calibration: %d initializers skipped (weights): %s", len(skipped), skipped[:5])
-    from_feed = [n for n in names if n in inputs]
-    fetch = [n for n in names if n in produced]
     collected = [n for n in names if n in inputs or n in produced]
+    earlier: dict[str, TensorStats] = {}
     if cache_path is not None:
-        cached = _load_cache(cache_path, collected)
-        if cached is not None:
+        earlier = _load_cache(cache_path)
+        if all(n in earlier for n in collected):
             log.info("calibration statistics: cache hit, %s (model not run)", cache_path)
-            return cached
-        log.info("calibration statistics: cache miss, running the float model (%s)", cache_path.name)
-    stats = {n: TensorStats.empty(num_bins, momentum) for n in collected}
+            return {n: earlier[n] for n in collected}
+        have = sum(1 for n in collected if n in earlier)
+        log.info("calibration statistics: cache %s, running the float model (%s)",
+                 f"holds {have} of the {len(collected)} tensors" if have else "miss", cache_path.name)
+    # the cache's tensors (same model, data and settings) are not collected again
+    from_feed = [n for n in names if n in inputs and n not in earlier]
+    fetch = [n for n in names if n in produced and n not in earlier]
+    stats = {n: TensorStats.empty(num_bins, momentum) for n in collected if n not in earlier}
 
     start = time.perf_counter()
     if torch_device is None:
@@ -195,8 +200,8 @@ def collect_statistics(
         where,
     )
     if cache_path is not None:
-        save_statistics(cache_path, stats)
-    return stats
+        save_statistics(cache_path, {**earlier, **stats})  # what the cache held stays in it
+    return {n: stats[n] if n in stats else earlier[n] for n in collected}
 
 
 def _torch_device(device: str, backend: str) -> torch.device | None:
@@ -497,16 +502,12 @@ def _cache_path(cache_dir: str | Path | None, cache_key: str | None) -> Path | N
     return Path(cache_dir) / f"calib_stats_{cache_key}.npz"
 
 
-def _load_cache(path: Path, names: list[str]) -> dict[str, TensorStats] | None:
+def _load_cache(path: Path) -> dict[str, TensorStats]:
+    """Every tensor the cache file holds ({} when there is none, or it is unreadable)."""
     if not path.is_file():
-        return None
+        return {}
     try:
-        cached = load_statistics(path)
+        return load_statistics(path)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # corrupt: recompute
         log.warning("calibration statistics cache %s unreadable (%s); recomputing", path, exc)
-        return None
-    missing = [n for n in names if n not in cached]
-    if missing:
-        log.info("calibration statistics cache %s lacks %d requested tensors", path, len(missing))
-        return None
-    return {n: cached[n] for n in names}
+        return {}

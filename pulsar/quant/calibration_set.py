@@ -41,10 +41,11 @@ class DeferredStats(dict[str, TensorStats]):
         self._fill = fill
 
     def _collect(self) -> None:
-        names, self.deferred = sorted(self.deferred), set()
+        names = sorted(self.deferred)
         log.info("calibration: %d fused tensors are needed after all (%s ...): one more pass", len(names),
                  names[0])
         self.update(self._fill(names))
+        self.deferred = set()  # after the pass: a failed one leaves them deferred, not silently missing
 
     def __missing__(self, key: str) -> TensorStats:
         if key not in self.deferred:

@@ -323,12 +323,8 @@ def calibrate(ctx: BuildContext, model: onnx.ModelProto, precision: dict[str, No
                                    progress=lambda n: bar.update(task, completed=n), reference=ctx.float_reference,
                                    **kw)
 
-    def fill(names: list[str]) -> dict[str, Any]:
-        with ctx.stages.progress() as bar:
-            task = bar.add_task(f"calibrating {plural(len(names), 'fused tensor')} ({plural(len(data), 'sample')})",
-                                total=len(data))
-            return collect_statistics(model, names, data, progress=lambda n: bar.update(task, completed=n),
-                                      **{**kw, "cache_key": None})
+    def fill(names: list[str]) -> dict[str, Any]:  # no progress bar: a reader may be inside a live one
+        return collect_statistics(model, names, data, **kw)  # the cache keeps what it has and adds these
 
     return DeferredStats(stats, deferred, fill)
 

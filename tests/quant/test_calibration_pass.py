@@ -157,6 +157,9 @@ def test_quant_check_runs_in_a_helper_thread_and_join_raises_its_error() -> None
     with pytest.raises(PulsarError, match="quantized model"):
         bad.join()
     bad.join()  # joined once: nothing left to raise
+    failing_build = QuantCheck.start(fails)
+    failing_build.settle()  # the build fails for another reason: waits, keeps the other error
+    assert failing_build.future is None
 
 
 def test_cache_key_from_the_frontend_digest_equals_hashing_the_model() -> None:
@@ -173,3 +176,49 @@ def test_cache_key_from_the_frontend_digest_equals_hashing_the_model() -> None:
     assert _cache_key(model, data, q, digest) == plain  # type: ignore[arg-type]
     other = _model(outputs=["proj"])  # a digest of another model object is not used
     assert _cache_key(other, data, q, digest) == _cache_key(other, data, q) != plain  # type: ignore[arg-type]
+
+
+def test_cache_keeps_what_it_has_and_collects_only_the_rest(tmp_path: Path, caplog) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="pulsar")
+    samples = _samples(4)
+    full = collect_statistics(_model(), NAMES, samples)
+    collect_statistics(_model(), ["x", "proj"], samples, cache_dir=tmp_path, cache_key="k")
+    caplog.clear()
+    both = collect_statistics(_model(), ["proj", "relu_out"], samples, cache_dir=tmp_path, cache_key="k")
+    assert "cache holds 1 of the 2 tensors" in caplog.text
+    assert list(both) == ["proj", "relu_out"] and all(both[n] == full[n] for n in both)
+    assert set(load_statistics(tmp_path / "calib_stats_k.npz")) == {"x", "proj", "relu_out"}  # the union
+
+
+def test_reference_copies_the_samples_it_keeps() -> None:
+    buffer = np.zeros([1, 3, 8, 8], np.float32)
+
+    def refilled():  # a data set plugin that hands out one buffer, refilled for every sample
+        for s in _samples(3):
+            buffer[...] = s["x"]
+            yield {"x": buffer}
+
+    ref = Reference(["add_out"], 3)
+    collect_statistics(_shaped(), NAMES, refilled(), reference=ref)
+    for kept, sample in zip(ref.inputs, _samples(3), strict=True):
+        np.testing.assert_array_equal(kept["x"], sample["x"])
+
+
+def test_weights_onnxruntime_cannot_view_stay_in_the_model() -> None:
+    """bfloat16 (like float8 and 4-bit) weights come back from onnx as ml_dtypes arrays, which onnxruntime
+    builds no OrtValue from: a 128 KiB one stays in the proto and the session runs as a plain one."""
+    rng = np.random.default_rng(3)
+    n = 256
+    bits = (rng.normal(size=n * n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    w = onnx.TensorProto(name="W", data_type=TensorProto.BFLOAT16, dims=[n, n], raw_data=bits.tobytes())
+    nodes = [helper.make_node("Cast", ["W"], ["wf"], to=TensorProto.FLOAT), helper.make_node("MatMul", ["x", "wf"], ["y"])]
+    graph = helper.make_graph(nodes, "bf16", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    assert len(w.raw_data) >= LIFT_BYTES
+    x = rng.normal(size=(1, n)).astype(np.float32)
+    plain = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    lifted = session_with_lifted_weights(model, ort.SessionOptions(), ["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_array_equal(lifted[0], plain[0])
