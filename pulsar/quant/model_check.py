@@ -9,6 +9,7 @@ GIL), and the build joins them before it publishes anything (:class:`QuantCheck`
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from itertools import islice
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
 from pulsar.context import BuildContext
 from pulsar.core.ort_errors import ort_guard
@@ -64,6 +66,13 @@ class QuantCheck:
                 log.debug("quantized-model check after a failed build: %s", exc)
 
 
+def _options() -> ort.SessionOptions:
+    """Q/DQ as float math, on one core less than the machine has: the compiler works on the other."""
+    opts = reference_session_options()
+    opts.intra_op_num_threads = max(1, (os.cpu_count() or 1) - 1)
+    return opts
+
+
 def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: bool) -> Callable[[], None]:
     """Every build runs its own QDQ model in onnxruntime (Q/DQ as float math) on a few calibration
     samples before writing it: a build never ends with a quant/quantized.onnx that cannot run. The
@@ -83,12 +92,12 @@ def check_quantized_model(ctx: BuildContext, qmodel: onnx.ModelProto, patched: b
            '{"layer_name": ..., "data_type": "FP32"} and report the model to pulsar')
     what = "running the quantized model quant/quantized.onnx"
     with ort_guard(what, fix):
-        qsess = inference_session(qmodel, reference_session_options(), providers=["CPUExecutionProvider"],
+        qsess = inference_session(qmodel, _options(), providers=["CPUExecutionProvider"],
                                   lift_weights=True)
     wanted = {i.name for i in qsess.get_inputs()}
     names = [o.name for o in qsess.get_outputs()]
     if refs is None:  # the statistics came from the cache or a file: run the float model here
-        fsess = inference_session(ctx.float_model, reference_session_options(), providers=["CPUExecutionProvider"],
+        fsess = inference_session(ctx.float_model, _options(), providers=["CPUExecutionProvider"],
                                   lift_weights=True)
         refs = (dict(zip(names, fsess.run(names, {k: v for k, v in s.items() if k in wanted}), strict=True))
                 for s in samples)
