@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,7 @@ from pulsar.core.plugin_session import inference_session
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.frontend.shapes import serialized_over
 from pulsar.quant.observers import DEFAULT_NUM_BINS, TensorStats, compute_range, get_method
-from pulsar.quant.observers.histogram import DEFAULT_MOMENTUM
+from pulsar.quant.observers.histogram import DEFAULT_MOMENTUM, batch_cap
 from pulsar.utils.atomic import atomic_path
 from pulsar.utils.scratch import scratch_dir
 
@@ -54,7 +54,7 @@ __all__ = [
     "stats_to_arrays",
 ]
 
-_CACHE_VERSION = 2  # 2: running extremes (batches, momentum, run_min, run_max)
+_CACHE_VERSION = 3  # 2: running extremes (batches, momentum, run_min, run_max); 3: histograms of a sample
 _ORT_ERRORS = (
     ort_state.Fail,
     ort_state.InvalidArgument,
@@ -173,7 +173,8 @@ def collect_statistics(
     # the cache's tensors (same model, data and settings) are not collected again
     from_feed = [n for n in names if n in inputs and n not in earlier]
     fetch = [n for n in names if n in produced and n not in earlier]
-    stats = {n: TensorStats.empty(num_bins, momentum) for n in collected if n not in earlier}
+    cap = batch_cap(len(samples) if isinstance(samples, Sized) else None)
+    stats = {n: TensorStats.empty(num_bins, momentum, cap) for n in collected if n not in earlier}
 
     start = time.perf_counter()
     if torch_device is None:

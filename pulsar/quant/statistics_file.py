@@ -4,13 +4,17 @@ Written with ``quant.save_statistics``, read with ``quant.statistics_file`` inst
 float model (on this or another machine). Layout (version 1)::
 
     {"format": "pulsar-calibration-statistics", "version": 1,
-     "collection": {"bins": 4096, "momentum": 0.9},
+     "collection": {"bins": 4096, "momentum": 0.9, "binned_per_batch": 65536},
      "tensors": {"<tensor>": {
          "count": ..., "min": ..., "max": ..., "zeros": ..., "nonfinite": ...,
          "batches": ..., "run_min": ..., "run_max": ...,           # running extremes (Mean)
          "histogram": {"lo": ..., "hi": ..., "counts": [...]},     # equal bins over [lo, hi]
          "range": [lo, hi] | null,                                 # the range the method chose
          "range_by": {"method": ..., "num_bits": ..., "signed": ..., "symmetric": ..., ...}}}}
+
+``binned_per_batch``: the most values of one batch a histogram holds (0: all; past it, an even sample,
+see :mod:`pulsar.quant.observers.histogram`), so ``count`` and ``zeros`` describe the histogram while
+``min`` / ``max`` hold every value.
 
 ``range`` is the calibration method's own range (before pulsar's refinements), and ``range_by``
 says how it was computed. A ``range`` that no longer equals what ``range_by`` computes from the
@@ -49,15 +53,16 @@ def _finite(v: float) -> float | None:
 def write_statistics(path: Path, stats: dict[str, TensorStats], ranges: dict[str, tuple[float, float]],
                      range_by: dict[str, dict[str, Any]]) -> Path:
     tensors: dict[str, Any] = {}
-    bins, momentum = 0, 0.0
+    bins, momentum, cap = 0, 0.0, 0
     for name, s in stats.items():
-        bins, momentum = s.num_bins, s.momentum
+        bins, momentum, cap = s.num_bins, s.momentum, s.sample_cap
         entry: dict[str, Any] = {k: getattr(s, k) if k in _INTS else _finite(float(getattr(s, k))) for k in _SCALARS}
         entry["histogram"] = {"lo": s.hist_lo, "hi": s.hist_hi, "counts": s.hist.tolist()}
         entry["range"] = list(ranges[name]) if name in ranges else None
         entry["range_by"] = range_by.get(name)
         tensors[name] = entry
-    doc = {"format": FORMAT, "version": VERSION, "collection": {"bins": bins, "momentum": momentum},
+    doc = {"format": FORMAT, "version": VERSION, "collection": {"bins": bins, "momentum": momentum,
+                                                                     "binned_per_batch": cap},
            "tensors": tensors}
     return atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
@@ -118,7 +123,8 @@ def _stats(e: dict[str, Any], col: dict[str, Any]) -> TensorStats:
         count=count, min=float(vals["min"]) if count else math.inf, max=float(vals["max"]) if count else -math.inf,
         hist=counts.astype(np.int64), hist_lo=float(h["lo"]), hist_hi=float(h["hi"]), zeros=int(vals["zeros"]),
         nonfinite=int(vals["nonfinite"]), batches=int(vals["batches"]), momentum=float(col.get("momentum", 0.9)),
-        run_min=float(vals["run_min"] or 0.0), run_max=float(vals["run_max"] or 0.0))
+        run_min=float(vals["run_min"] or 0.0), run_max=float(vals["run_max"] or 0.0),
+        sample_cap=int(col.get("binned_per_batch", 0)))
 
 
 def _edited_range(s: TensorStats, e: dict[str, Any]) -> tuple[float, float] | None:

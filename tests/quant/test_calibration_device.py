@@ -70,6 +70,21 @@ def test_torch_update_bins_large_tensors_in_chunks_like_numpy() -> None:
     assert dev == ref and dev.count == x.size + 1000
 
 
+def test_torch_update_takes_the_same_sample_as_numpy() -> None:
+    """Past ``sample_cap`` both updates bin the same strided sample (offsets moving with each batch),
+    NaN / Inf removed first, and count its zeros alike."""
+    rng = np.random.default_rng(8)
+    ref, dev = TensorStats.empty(sample_cap=1000), TensorStats.empty(sample_cap=1000)
+    for k in range(5):
+        x = rng.normal(0, 1 + k, 4321 + 77 * k).astype(np.float32)
+        x[::5] = 0.0
+        x[7] = np.nan
+        ref.update(x)
+        update_torch(dev, torch.from_numpy(x))
+        assert dev == ref, f"batch {k}"
+    assert ref.count < 5 * 1000 and ref.zeros > 0
+
+
 # ------------------------------------------------------------------------------ the torch float pass
 def _tiny(tiny: dict[str, Path]) -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
     model = onnx.shape_inference.infer_shapes(onnx.load(tiny["model"]))

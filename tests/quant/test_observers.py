@@ -121,6 +121,52 @@ def test_stats_memory_is_independent_of_sample_count(rng: np.random.Generator) -
     assert many.count == 1_500_000
 
 
+def test_a_sampled_histogram_covers_every_value_over_stride_batches(rng: np.random.Generator) -> None:
+    """Past ``sample_cap`` a batch is binned every k-th value, from an offset that moves with each batch:
+    k batches of the same tensor bin each value once (the histogram of the whole tensor), while the
+    extremes see every value of every batch."""
+    x = (rng.standard_normal(10_000) * 3).astype(np.float32)
+    x[::9] = 0.0
+    x[4321] = 50.0  # not in the first batch's sample (offset 0, stride 10)
+    whole = TensorStats.empty()
+    whole.update(x)
+    sampled = TensorStats.empty(sample_cap=1000)
+    sampled.update(x)
+    assert sampled.max == 50.0 and sampled.count == 1000 and int(sampled.hist.sum()) == 1000
+    for _ in range(9):
+        sampled.update(x)
+    assert np.array_equal(sampled.hist, whole.hist) and (sampled.hist_lo, sampled.hist_hi) == (whole.hist_lo,
+                                                                                                whole.hist_hi)
+    assert (sampled.count, sampled.zeros, sampled.min) == (whole.count, whole.zeros, whole.min)
+    assert sampled.batches == 10 and sampled.sample_cap == 1000
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sampled_histograms_give_the_ranges_of_all_values(seed: int) -> None:
+    """The calibration cap (2 Mi values a tensor over the set, 64 Ki a batch at least) on 32 batches of
+    0.5 M values with 50 outliers each (1 in 10,000: the hardest case, as the sample sees a binomial
+    share of them): the extremes are exact, and each method's range quantizes the data with an error
+    within 5 % of the error at the range from every value (measured: 0.0-3.5 %; the ranges move where
+    the error is flat in them)."""
+    from pulsar.quant.observers.histogram import batch_cap
+
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([rng.standard_normal(500_000 - 50), rng.uniform(15, 40, 30), -rng.uniform(15, 40, 20)])
+    x = x.astype(np.float32)
+    assert batch_cap(32) == 1 << 16 and batch_cap(1) == batch_cap(None) == 1 << 21 and batch_cap(512) == 1 << 16
+    full, capped = TensorStats.empty(), TensorStats.empty(sample_cap=batch_cap(32))
+    for _ in range(32):
+        b = rng.permutation(x)
+        full.update(b)
+        capped.update(b)
+    assert capped.count == sum(len(range(k % 8, x.size, 8)) for k in range(32))  # stride 8 past 64 Ki
+    assert (capped.min, capped.max) == (full.min, full.max)
+    assert compute_range(capped, "MinMax") == compute_range(full, "MinMax")
+    for method in ("Percentile", "MSE", "KL"):
+        a, b = compute_range(full, method), compute_range(capped, method)
+        assert _quant_mse(x, *b) <= 1.05 * _quant_mse(x, *a), (method, a, b)
+
+
 def test_to_from_arrays_roundtrip(gauss_outliers: np.ndarray) -> None:
     s = _stats(gauss_outliers[:10_000])
     back = TensorStats.from_arrays(s.to_arrays())

@@ -11,6 +11,7 @@ import pytest
 
 import pulsar
 from pulsar.errors import PulsarError
+from pulsar.quant.observers.histogram import batch_cap
 from tests.hostile.harness import assert_clean_failure, run_cli
 
 
@@ -42,7 +43,7 @@ def test_the_file_is_documented_json(saved):
     r2 = doc["tensors"]["r2"]
     assert r2["count"] == sum(r2["histogram"]["counts"]) and r2["min"] <= r2["max"]
     assert r2["range_by"]["method"] == "MinMax" and r2["range"] == [0.0, r2["max"]]
-    assert doc["collection"] == {"bins": 4096, "momentum": 0.9}
+    assert doc["collection"] == {"bins": 4096, "momentum": 0.9, "binned_per_batch": batch_cap(8)}  # 8 samples
 
 
 def test_loading_the_file_reproduces_the_build_without_running_the_model(tmp_path, saved, tiny):

@@ -89,6 +89,9 @@ def update_torch(stats: TensorStats, x: torch.Tensor) -> None:
     stats.nonfinite += batch.nonfinite
     if batch.count == 0:
         return
-    finite = batch.finite
-    stats.add_batch(batch.count, batch.lo, batch.hi, batch.zeros,
-                    lambda lo, hi, n: bin_counts_torch(finite, lo, hi, n))
+    finite, count, zeros = batch.finite, batch.count, batch.zeros
+    part = stats.binned(count)
+    if part != slice(None):  # the histogram's sample, as the numpy update takes it
+        finite = finite[part]
+        count, zeros = int(finite.numel()), int((finite == 0).sum())
+    stats.add_batch(count, batch.lo, batch.hi, zeros, lambda lo, hi, n: bin_counts_torch(finite, lo, hi, n))
