@@ -67,6 +67,7 @@ class _Graph:
                 self.readers[i].append(n)
         # the constants as protos, read as arrays when asked (a BERT's 90 MB of weights took 0.08 s)
         self.consts: dict[str, onnx.TensorProto] = {t.name: t for t in g.initializer}
+        self._extremes: dict[str, float] = {}
         self.float_inputs = {v.name for v in g.input if v.name not in self.consts
                              and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
         for n in g.node:
@@ -80,14 +81,16 @@ class _Graph:
 
     def extreme(self, name: str) -> float:
         """The constant's value farthest from 0, signed (0 for a non-constant or a non-float one)."""
+        if name in self._extremes:
+            return self._extremes[name]
         proto = self.consts.get(name)
-        if proto is None:
-            return 0.0
-        v = numpy_helper.to_array(proto)
-        if v.dtype.kind != "f" or v.size == 0:
-            return 0.0
-        lo, hi = float(np.min(v)), float(np.max(v))
-        return lo if -lo >= hi else hi
+        v = numpy_helper.to_array(proto) if proto is not None else None
+        got = 0.0
+        if v is not None and v.dtype.kind == "f" and v.size:
+            lo, hi = float(np.min(v)), float(np.max(v))
+            got = lo if -lo >= hi else hi
+        self._extremes[name] = got
+        return got
 
     def branch(self, tensor: str, sign: float = -1.0) -> tuple[list[str], bool] | None:
         """The nodes that compute ``tensor`` from inputs and constants, and whether a constant of

@@ -12,9 +12,10 @@ float model (on this or another machine). Layout (version 1)::
          "range": [lo, hi] | null,                                 # the range the method chose
          "range_by": {"method": ..., "num_bits": ..., "signed": ..., "symmetric": ..., ...}}}}
 
-``binned_per_batch``: the most values of one batch a histogram holds (0: all; past it, an even sample,
-see :mod:`pulsar.quant.observers.histogram`), so ``count`` and ``zeros`` describe the histogram while
-``min`` / ``max`` hold every value.
+``binned_per_batch``: about the most values of one batch the histogram bins (0: all). Past it the
+histogram holds an even sample, each value counted as many times as the sampling stride (see
+:mod:`pulsar.quant.observers.histogram`): ``count`` and ``zeros`` are the histogram's, within a stride
+a batch of the values seen, while ``min`` / ``max`` hold every value.
 
 ``range`` is the calibration method's own range (before pulsar's refinements), and ``range_by``
 says how it was computed. A ``range`` that no longer equals what ``range_by`` computes from the
@@ -87,6 +88,10 @@ def read_statistics(path: Path) -> tuple[dict[str, TensorStats], dict[str, tuple
         raise PulsarError(f"{where}: version {doc.get('version')!r}, this pulsar reads version {VERSION}; "
                           "write it again with quant.save_statistics")
     col = doc.get("collection") or {}
+    cap = col.get("binned_per_batch", 0) if isinstance(col, dict) else 0
+    if not isinstance(col, dict) or isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+        raise PulsarError(f"{where}: \"collection\" must be an object whose \"binned_per_batch\" is an integer >= 0; "
+                          "write the file again with quant.save_statistics")
     tensors = doc.get("tensors")
     if not isinstance(tensors, dict):
         raise PulsarError(f"{where}: \"tensors\" must be an object of tensor name -> statistics")

@@ -27,7 +27,7 @@ def check_loadable(path: Path, shown: str | Path | None = None) -> int:
     returns how many bodies were prepared. Raises a PulsarError naming the subgraph, mode and cause
     (the first failing body in model order).
 
-    The bodies are independent, so they are prepared on every core (onnxruntime releases the GIL
+    The bodies are independent, so they are prepared on up to 4 threads (onnxruntime releases the GIL
     while it builds a session: a MiniLM's 82 bodies took 0.54 s on one thread, 0.42 s on two)."""
     compiled = load_compiled(path)
     opsets = [op for op in compiled.model.opset_import if op.domain not in _CUSTOM_DOMAINS]
@@ -45,8 +45,10 @@ def check_loadable(path: Path, shown: str | Path | None = None) -> int:
         for job, future in zip(jobs, futures, strict=True):
             try:
                 future.result()
-            except PulsarError as exc:
-                pool.shutdown(cancel_futures=True)
+            except BaseException as exc:  # nothing queued runs on after a failure or an interrupt
+                pool.shutdown(wait=False, cancel_futures=True)
+                if not isinstance(exc, PulsarError):
+                    raise
                 mode, _, sg, _ = job
                 cause = str(exc).removesuffix("; rebuild the model")
                 simulated = sg.kind == "npu" and mode == "NPUBackend"

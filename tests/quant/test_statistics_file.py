@@ -87,6 +87,8 @@ def test_an_edited_range_changes_exactly_that_tensors_grid(tmp_path, saved, tiny
     (lambda d: d["tensors"].__setitem__("ghost", d["tensors"]["r2"]), "tensor 'ghost' is not in the optimized model"),
     (lambda d: d["tensors"].pop("r2"), "no statistics for 'r2'"),
     (lambda d: d.__setitem__("version", 7), "version 7, this pulsar reads version 1"),
+    (lambda d: d["collection"].__setitem__("binned_per_batch", -1), '"binned_per_batch" is an integer >= 0'),
+    (lambda d: d["collection"].__setitem__("binned_per_batch", None), '"binned_per_batch" is an integer >= 0'),
 ])
 def test_a_broken_file_is_one_error_line(tmp_path, saved, tiny, edit, needle):
     res, cfg = saved

@@ -10,11 +10,13 @@ earlier data fit in less than one new bin (e.g. a constant first batch) does the
 with the old counts placed at their bin centres.
 
 Large activations are binned from a sample of their values (:func:`batch_cap`): the extremes and
-the non-finite count always see every value, the histogram (with ``count`` and ``zeros``, which
-describe what it holds) at most ``sample_cap`` values of a batch, taken with an even stride whose
-offset moves with each batch. Binning costs about 2 ns a value (numpy's ``bincount`` is most of it)
-against 0.1 ns for the extremes, and a detector's 640x640 feature maps hold tens of millions of
-values a sample; the histogram of an even sample of a few million values over the calibration set
+the non-finite count always see every value, the histogram at most about ``sample_cap`` values of a
+batch, every k-th one (k a prime, so the sample does not line up with a feature map's power-of-two
+rows and columns) from an offset that moves with each batch (k batches of one size bin each position
+once). Each binned value counts k times, so ``count`` and ``zeros`` stay the number of values seen
+(up to k a batch) and batches of different sizes keep their weight. Binning costs about 2 ns a value
+(numpy's ``bincount``) against 0.1 ns for the extremes, and a detector's 640x640 feature maps hold
+tens of millions of values a sample; an even sample of a few million values over the calibration set
 gives the same clipping ranges (measured in the README, "Build and simulator speed").
 
 The methods mostly look at one side of zero at a time (the grid always contains zero):
@@ -46,8 +48,9 @@ DEFAULT_MOMENTUM = 0.9
 
 @dataclass(eq=False)
 class TensorStats:
-    """Extremes of the finite values of one tensor over all samples, and a histogram of them (of a
-    sample of each batch past ``sample_cap`` values; ``count`` and ``zeros`` are the histogram's)."""
+    """Extremes of the finite values of one tensor over all samples, and a histogram of them (from a
+    weighted sample of each batch past ``sample_cap`` values; ``count`` and ``zeros`` are the
+    histogram's)."""
 
     count: int = 0
     min: float = math.inf
@@ -76,14 +79,16 @@ class TensorStats:
             raise ValueError(f"sample_cap must be >= 0, got {sample_cap}")
         return cls(hist=np.zeros(int(num_bins), np.int64), momentum=float(momentum), sample_cap=int(sample_cap))
 
-    def binned(self, size: int) -> slice:
-        """The values of a batch of ``size`` finite values the histogram bins: all of them, or past
-        ``sample_cap`` every k-th from an offset that moves with each batch (k batches of one size
-        cover every position once), so a feature map's rows, columns and channels all enter."""
+    def binned(self, size: int) -> tuple[slice, int]:
+        """(the values of a batch of ``size`` finite values the histogram bins, the weight of each):
+        all of them, or past ``sample_cap`` every k-th, k the smallest prime at least ``size /
+        sample_cap``, from offset ``batches * g mod k`` (g about k / 1.618: consecutive batches take
+        offsets far apart, and k of them take each offset once), each counting k times."""
         if not self.sample_cap or size <= self.sample_cap:
-            return slice(None)
-        stride = -(-size // self.sample_cap)
-        return slice(self.batches % stride, None, stride)
+            return slice(None), 1
+        stride = _prime_at_least(-(-size // self.sample_cap))
+        step = max(1, round(stride * 0.6180339887)) % stride or 1
+        return slice(self.batches * step % stride, None, stride), stride
 
     @property
     def num_bins(self) -> int:
@@ -121,20 +126,21 @@ class TensorStats:
             if x.size == 0:
                 return
             lo, hi = _extremes(x)
-        finite = x[self.binned(x.size)]
+        part, weight = self.binned(x.size)
+        finite = x[part]
         zeros = [0]  # counted while binning: each chunk is read from memory once for both
 
         def bins(g_lo: float, g_hi: float, n: int) -> np.ndarray:
             counts, zeros[0] = _bin_counts(finite, g_lo, g_hi, n, count_zeros=True)
-            return counts
+            return counts * weight if weight != 1 else counts
 
-        self.add_batch(int(finite.size), lo, hi, 0, bins)
-        self.zeros += zeros[0]
+        self.add_batch(int(finite.size) * weight, lo, hi, 0, bins)
+        self.zeros += zeros[0] * weight
 
     def add_batch(self, count: int, lo: float, hi: float, zeros: int,
                   bin_counts: Callable[[float, float, int], np.ndarray]) -> None:
-        """One batch whose finite values lie in [lo, hi], ``count`` > 0 of them binned (:meth:`binned`),
-        ``zeros`` of those exact zeros.
+        """One batch whose finite values lie in [lo, hi]: ``count`` > 0 of them, ``zeros`` of those exact
+        zeros, both as the histogram counts them (a sample's values weighted, :meth:`binned`).
 
         Every update path ends here: numpy's :meth:`update` and the torch one that reduces on the
         tensor's device (:mod:`pulsar.quant.observers.torch_stats`), so a per-batch field is added
@@ -229,6 +235,13 @@ def batch_cap(batches: int | None) -> int:
     """``sample_cap`` for a calibration set of ``batches`` batches (None: unknown): the histogram of each
     tensor sees at least :data:`HIST_VALUES` values over the set and :data:`HIST_BATCH_MIN` of a batch."""
     return max(HIST_BATCH_MIN, -(-HIST_VALUES // max(batches or 1, 1)))
+
+
+def _prime_at_least(n: int) -> int:
+    k = max(2, n)
+    while any(k % d == 0 for d in range(2, math.isqrt(k) + 1)):
+        k += 1
+    return k
 
 
 def _initial_grid(lo: float, hi: float) -> tuple[float, float]:

@@ -90,8 +90,9 @@ def update_torch(stats: TensorStats, x: torch.Tensor) -> None:
     if batch.count == 0:
         return
     finite, count, zeros = batch.finite, batch.count, batch.zeros
-    part = stats.binned(count)
-    if part != slice(None):  # the histogram's sample, as the numpy update takes it
+    part, weight = stats.binned(count)
+    if weight != 1:  # the histogram's weighted sample, as the numpy update takes it
         finite = finite[part]
-        count, zeros = int(finite.numel()), int((finite == 0).sum())
-    stats.add_batch(count, batch.lo, batch.hi, zeros, lambda lo, hi, n: bin_counts_torch(finite, lo, hi, n))
+        count, zeros = int(finite.numel()) * weight, int((finite == 0).sum()) * weight
+    stats.add_batch(count, batch.lo, batch.hi, zeros,
+                    lambda lo, hi, n: bin_counts_torch(finite, lo, hi, n) * weight)
