@@ -227,6 +227,12 @@ class QuantConfig:
     KL, ACIQ and Std
     """
 
+    calibration_histogram_values: int = FILLED
+    """the most values of one calibration sample a tensor's histogram bins; past it an even sample (every k-th
+    value, k prime, each counted k times), which calibrates large feature maps several times faster while
+    the extremes still see every value. 0: every value
+    """
+
     weight_calibration_method: Literal[
         "MinMax", "Percentile", "MSE", "KL", "ACIQ_Laplace", "ACIQ_Gauss", "Std", "WeightedScale",
     ] = FILLED

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,7 @@ from pulsar.core.plugin_session import inference_session
 from pulsar.errors import PulsarError, did_you_mean
 from pulsar.frontend.shapes import serialized_over
 from pulsar.quant.observers import DEFAULT_NUM_BINS, TensorStats, compute_range, get_method
-from pulsar.quant.observers.histogram import DEFAULT_MOMENTUM, batch_cap
+from pulsar.quant.observers.histogram import DEFAULT_MOMENTUM
 from pulsar.utils.atomic import atomic_path
 from pulsar.utils.scratch import scratch_dir
 
@@ -121,6 +121,7 @@ def collect_statistics(
     cache_key: str | None = None,
     num_bins: int = DEFAULT_NUM_BINS,
     momentum: float = DEFAULT_MOMENTUM,
+    sample_cap: int = 0,
     device: str = "cpu",
     backend: str = "auto",
     reference: Reference | None = None,
@@ -138,7 +139,8 @@ def collect_statistics(
     (:mod:`pulsar.quant.calibration_torch`). ``backend="torch"`` forces the torch pass on any
     device (tests compare it with onnxruntime on CPU). The torch pass's statistics differ slightly,
     so its cache key names the device kind. ``reference`` keeps float outputs of the onnxruntime
-    pass (:class:`Reference`).
+    pass (:class:`Reference`). ``sample_cap``: the histograms bin a sample of larger batches
+    (:meth:`TensorStats.binned`; 0: every value).
     """
     names = list(dict.fromkeys(tensor_names))
     torch_device = _torch_device(device, backend)
@@ -173,8 +175,7 @@ def collect_statistics(
     # the cache's tensors (same model, data and settings) are not collected again
     from_feed = [n for n in names if n in inputs and n not in earlier]
     fetch = [n for n in names if n in produced and n not in earlier]
-    cap = batch_cap(len(samples) if isinstance(samples, Sized) else None)
-    stats = {n: TensorStats.empty(num_bins, momentum, cap) for n in collected if n not in earlier}
+    stats = {n: TensorStats.empty(num_bins, momentum, sample_cap) for n in collected if n not in earlier}
 
     start = time.perf_counter()
     if torch_device is None:

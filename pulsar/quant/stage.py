@@ -110,6 +110,8 @@ def _cache_key(model: onnx.ModelProto, data: CalibrationData, q: QuantConfig,
     h = digest[1].copy() if digest is not None and digest[0] is model else hashlib.sha256(model.SerializeToString())
     h.update(data.fingerprint().encode())
     h.update(f"bins={q.calibration_bins} momentum={q.calibration_momentum!r}".encode())
+    if q.calibration_histogram_values:  # 0 (every value): the key as before the field
+        h.update(f" binned={q.calibration_histogram_values}".encode())
     return h.hexdigest()[:24]
 
 
@@ -315,6 +317,7 @@ def calibrate(ctx: BuildContext, model: onnx.ModelProto, precision: dict[str, No
     deferred = set() if q.save_statistics else fused_away(model, precision, **plan_kw(q))
     ctx.float_reference = Reference([o.name for o in model.graph.output], SLICE_CHECK_SAMPLES)
     kw: dict[str, Any] = {"num_bins": q.calibration_bins, "momentum": q.calibration_momentum,
+                          "sample_cap": q.calibration_histogram_values,
                           "cache_dir": ctx.work_dir / "cache", "cache_key": _cache_key(model, data, q, ctx.float_digest),
                           "device": q.device}  # quant.device: cuda runs the float pass in torch there
     with ctx.stages.progress() as bar:

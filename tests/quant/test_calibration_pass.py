@@ -170,7 +170,7 @@ def test_cache_key_from_the_frontend_digest_equals_hashing_the_model() -> None:
 
     model = _model()
     data = SimpleNamespace(fingerprint=lambda: "files:6")
-    q = SimpleNamespace(calibration_bins=4096, calibration_momentum=0.9)
+    q = SimpleNamespace(calibration_bins=4096, calibration_momentum=0.9, calibration_histogram_values=0)
     plain = _cache_key(model, data, q)  # type: ignore[arg-type]
     digest = (model, hashlib.sha256(model.SerializeToString()))
     assert _cache_key(model, data, q, digest) == plain  # type: ignore[arg-type]

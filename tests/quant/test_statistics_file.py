@@ -11,7 +11,6 @@ import pytest
 
 import pulsar
 from pulsar.errors import PulsarError
-from pulsar.quant.observers.histogram import batch_cap
 from tests.hostile.harness import assert_clean_failure, run_cli
 
 
@@ -43,7 +42,7 @@ def test_the_file_is_documented_json(saved):
     r2 = doc["tensors"]["r2"]
     assert r2["count"] == sum(r2["histogram"]["counts"]) and r2["min"] <= r2["max"]
     assert r2["range_by"]["method"] == "MinMax" and r2["range"] == [0.0, r2["max"]]
-    assert doc["collection"] == {"bins": 4096, "momentum": 0.9, "binned_per_batch": batch_cap(8)}  # 8 samples
+    assert doc["collection"] == {"bins": 4096, "momentum": 0.9, "binned_per_batch": 0}  # every value binned
 
 
 def test_loading_the_file_reproduces_the_build_without_running_the_model(tmp_path, saved, tiny):
@@ -109,6 +108,25 @@ def test_cli_error_names_the_file_and_writes_nothing(tmp_path, saved, tiny):
                     "--quant.statistics_file", "missing.json"], tmp_path)
     assert_clean_failure(proc, ("quant.statistics_file 'missing.json'", "quant.save_statistics"))
     assert not (tmp_path / "out" / "compiled.pulsar").exists()
+
+
+def test_a_histogram_cap_bins_a_weighted_sample(tmp_path, saved, tiny):
+    """quant.calibration_histogram_values: past it each histogram holds an even sample of a calibration
+    sample's values, each counted as many times as the stride: the extremes stay exact, the count is the
+    values seen (within a stride a sample), and the statistics cache keeps the two builds apart."""
+    res, cfg = saved
+    exact = json.loads(_stats_path(res).read_text())
+    got = pulsar.build(tiny["model"], tmp_path / "c", cfg, {"quant.save_statistics": True,
+                                                            "quant.calibration_histogram_values": 256,
+                                                            "work_dir": str(tmp_path / "w")}, quiet=True)
+    doc = json.loads(_stats_path(got).read_text())
+    assert doc["collection"]["binned_per_batch"] == 256
+    for name in ("image", "r2"):
+        e, s = exact["tensors"][name], doc["tensors"][name]
+        assert (s["min"], s["max"], s["nonfinite"]) == (e["min"], e["max"], e["nonfinite"]), name
+        assert s["count"] == sum(s["histogram"]["counts"]) and abs(s["count"] - e["count"]) <= 8 * 11, name
+        assert s["histogram"]["counts"] != e["histogram"]["counts"], name
+    assert json.loads((got.output_dir / "build_config.json").read_text())["quant"]["calibration_histogram_values"] == 256
 
 
 def test_saving_the_statistics_does_not_change_the_build_identity():

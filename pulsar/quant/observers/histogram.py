@@ -9,15 +9,15 @@ the other side of an edge), and growth is at least 2x, which keeps re-binning ra
 earlier data fit in less than one new bin (e.g. a constant first batch) does the grid restart,
 with the old counts placed at their bin centres.
 
-Large activations are binned from a sample of their values (:func:`batch_cap`): the extremes and
-the non-finite count always see every value, the histogram at most about ``sample_cap`` values of a
-batch, every k-th one (k a prime, so the sample does not line up with a feature map's power-of-two
-rows and columns) from an offset that moves with each batch (k batches of one size bin each position
-once). Each binned value counts k times, so ``count`` and ``zeros`` stay the number of values seen
-(up to k a batch) and batches of different sizes keep their weight. Binning costs about 2 ns a value
-(numpy's ``bincount``) against 0.1 ns for the extremes, and a detector's 640x640 feature maps hold
-tens of millions of values a sample; an even sample of a few million values over the calibration set
-gives the same clipping ranges (measured in the README, "Build and simulator speed").
+With ``sample_cap`` (``quant.calibration_histogram_values``; 0, the default, bins every value) large
+activations are binned from a sample of their values: the extremes and the non-finite count always
+see every value, the histogram at most about ``sample_cap`` values of a batch, every k-th one (k a
+prime, so the sample does not line up with a feature map's power-of-two rows and columns) from an
+offset that moves with each batch (k batches of one size bin each position once). Each binned value
+counts k times, so ``count`` and ``zeros`` stay the number of values seen (up to k a batch) and
+batches of different sizes keep their weight. Binning costs about 2 ns a value (numpy's
+``bincount``) against 0.1 ns for the extremes, and a detector's 640x640 feature maps hold tens of
+millions of values a sample.
 
 The methods mostly look at one side of zero at a time (the grid always contains zero):
 :func:`side_histograms` re-bins the histogram into ``|x|`` bins starting at zero for each sign.
@@ -35,11 +35,6 @@ from typing import Literal, overload
 import numpy as np
 
 DEFAULT_NUM_BINS = 4096
-# the histogram of a tensor sees at least this many of its values over the calibration set ...
-HIST_VALUES = 1 << 21
-# ... and at least this many of each batch
-HIST_BATCH_MIN = 1 << 16
-
 _CHUNK = 1 << 18  # values binned at a time (per thread: calibration counts two tensors at once)
 _SCALAR_FIELDS = ("count", "min", "max", "hist_lo", "hist_hi", "zeros", "nonfinite", "batches", "momentum",
                   "run_min", "run_max", "sample_cap")
@@ -229,12 +224,6 @@ class TensorStats:
         kwargs = {name: int(arrays[name]) if name in ints else float(arrays[name]) for name in _SCALAR_FIELDS
                   if name in arrays or name != "sample_cap"}
         return cls(hist=hist, **kwargs)
-
-
-def batch_cap(batches: int | None) -> int:
-    """``sample_cap`` for a calibration set of ``batches`` batches (None: unknown): the histogram of each
-    tensor sees at least :data:`HIST_VALUES` values over the set and :data:`HIST_BATCH_MIN` of a batch."""
-    return max(HIST_BATCH_MIN, -(-HIST_VALUES // max(batches or 1, 1)))
 
 
 def _prime_at_least(n: int) -> int:
