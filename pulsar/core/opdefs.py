@@ -82,6 +82,7 @@ class OpDef:
     keeps_grid: bool = False        # every output code is one of input 0's codes: same grid
     enlarges: bool = False          # copies input elements, usually writing more than it reads (Resize, Expand, Tile)
     shape_only: bool = False        # changes only shape, axis order, broadcast or element type of input 0
+    same_values: bool = False       # output 0 holds input 0's values, each exactly once (a permutation)
     float_layer: bool = False       # runs in an FP16 / BF16 layer on the NPU (pulsar/core/float_ops.py)
     cpu_only: str = ""              # why the NPU never runs it ("": it can)
     lacks: tuple[tuple[Piece, str], ...] = ()  # pieces an NPU op has not got, each with why
@@ -171,9 +172,10 @@ define("Resize", kind="movement", role="active", mixed_precision=True, moves_cod
 # Passive: no arithmetic; they share their input's scale, run on the NPU next to quantized neighbours
 # and on the CPU next to float ones.
 define("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", kind="movement", role="passive",
-       moves_codes=True, keeps_grid=True, shape_only=True)
-define("Slice", "Split", "Pad", "DepthToSpace", "SpaceToDepth", kind="movement", role="passive", moves_codes=True,
-       keeps_grid=True)
+       moves_codes=True, keeps_grid=True, shape_only=True, same_values=True)
+define("DepthToSpace", "SpaceToDepth", kind="movement", role="passive", moves_codes=True, keeps_grid=True,
+       same_values=True)
+define("Slice", "Split", "Pad", kind="movement", role="passive", moves_codes=True, keeps_grid=True)
 define("MaxPool", "GlobalMaxPool", kind="pool", role="passive", moves_codes=True, keeps_grid=True)
 
 # Manual: the NPU can run them, but at 8 bits they usually cost accuracy (exponentials, normalizations,
@@ -335,6 +337,13 @@ def enlarging_ops() -> frozenset[str]:
     return op_types(lambda d: d.enlarges)
 
 
+def same_value_ops() -> frozenset[str]:
+    """Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Identity, DepthToSpace, SpaceToDepth: output 0 is
+    a permutation of input 0 (every element once, none added), so any statistic of its values (extremes,
+    histogram, zero count) equals the input's; calibration copies it instead of measuring it again."""
+    return op_types(lambda d: d.same_values)
+
+
 def shape_only_ops() -> frozenset[str]:
     """Reshape, Flatten, Squeeze, Unsqueeze, Identity (shape), Transpose (axis order), Expand (broadcast)
     and Cast (element type): every output element is an input element and the elements along each axis
@@ -371,4 +380,5 @@ def npu_manual_nonlinearities() -> frozenset[str]:
 __all__ = ["DEFAULT", "ML", "MS", "OPDEFS", "PIECES", "Kind", "OpDef", "Piece", "Role", "by_type",
            "code_moving_ops", "define", "enlarging_ops", "float_layer_ops", "fused_activations", "grid_keeping_ops", "kind_ops",
            "lookup", "lut_chain_ops", "manual_ops", "mixed_precision_ops", "npu_manual_nonlinearities", "op_types",
-           "passive_ops", "quantized_ops", "scalar_arithmetic_ops", "scalar_operands", "shape_only_ops", "table_ops"]
+           "passive_ops", "quantized_ops", "same_value_ops", "scalar_arithmetic_ops", "scalar_operands", "shape_only_ops",
+           "table_ops"]

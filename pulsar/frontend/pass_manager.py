@@ -219,7 +219,7 @@ def optimize(
     keep = [vi for vi in g.value_info if vi.name in custom]
     del g.value_info[:]
     g.value_info.extend(keep)
-    model = infer_shapes(model)
+    model = infer_shapes(model, in_place=small)  # small: our own copy
     for record in records.values():
         log.debug(
             "pass %s: changed in %d iteration(s), %d -> %d nodes, %.3fs (+%.3fs check)",

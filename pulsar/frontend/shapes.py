@@ -121,13 +121,15 @@ def require_static_inputs(model: onnx.ModelProto) -> None:
         )
 
 
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+def infer_shapes(model: onnx.ModelProto, *, in_place: bool = False) -> onnx.ModelProto:
     """ONNX shape inference with data propagation; returns the model unchanged if inference fails.
 
     onnx's inference serializes the whole model into C++ and parses the result back: with large
     weights (a transformer's embedding tables) that copying costs far more than the inference. The
     large initializers go in as typed graph inputs instead (inference reads only their type and
-    shape; data propagation needs the small shape tensors, which stay) and come back after."""
+    shape; data propagation needs the small shape tensors, which stay) and come back after. With
+    ``in_place`` (a model the caller owns) the result is ``model`` itself with the inferred fields,
+    which spares copying its large initializers once more."""
     inferred = _infer(model)
     if inferred is None or inferred is model:
         return model
@@ -135,10 +137,13 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     if not lifted:
         return out
     del out.graph.input[len(model.graph.input):]  # the lifted weights: initializers again, in their own order
-    # ``out`` with ``model``'s initializers: one C++ copy of the model, then every other field of
-    # ``out`` over it (a Python-level extend of the large initializers costs three times as much)
-    res = onnx.ModelProto()
-    res.CopyFrom(model)
+    # ``out`` with ``model``'s initializers: one C++ copy of the model (none in place), then every
+    # other field of ``out`` over it (a Python-level extend of the large initializers costs three times as much)
+    if in_place:
+        res = model
+    else:
+        res = onnx.ModelProto()
+        res.CopyFrom(model)
     assign_fields(res, out, skip="graph")
     assign_fields(res.graph, out.graph, skip="initializer")
     return res

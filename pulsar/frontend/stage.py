@@ -41,7 +41,7 @@ def load_and_check(ctx: BuildContext) -> onnx.ModelProto:
     check_against_model(cfg, model)
     for line in apply_const_processors(model, cfg.const_processors) + apply_op_processors(model, cfg.op_processors):
         log.info("patched %s", line)
-    return infer_shapes(model)
+    return infer_shapes(model, in_place=True)  # loaded here: ours to change
 
 
 def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProto:
@@ -67,9 +67,10 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
     records = []
     if ctx.imported:
         log.info("QuantONNX input: graph passes skipped so the imported scales keep their tensors")
-    elif not opt.disable_onnx_optimization:
+    if not ctx.imported and not opt.disable_onnx_optimization:
         model, records = optimize(model, check=not opt.disable_transformation_check, samples=samples)
-    model = infer_shapes(model)
+    else:
+        model = infer_shapes(model)  # optimize() ends with it
     show(table("Frontend report", ["op type / total", "before", "after"], frontend_report_rows(before, summarize(model))),
          quiet=ctx.quiet)
     rows += [(r.name, r.changed_iterations, f"{r.seconds:.2f}") for r in records if r.changed_iterations]

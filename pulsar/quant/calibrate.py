@@ -29,6 +29,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from pulsar.core import custom_ops
+from pulsar.core.opdefs import same_value_ops
 from pulsar.core.ort_weights import session_with_lifted_weights
 from pulsar.core.plugin_session import inference_session
 from pulsar.errors import PulsarError, did_you_mean
@@ -174,8 +175,11 @@ def collect_statistics(
                  f"holds {have} of the {len(collected)} tensors" if have else "miss", cache_path.name)
     # the cache's tensors (same model, data and settings) are not collected again
     from_feed = [n for n in names if n in inputs and n not in earlier]
-    fetch = [n for n in names if n in produced and n not in earlier]
-    stats = {n: TensorStats.empty(num_bins, momentum, sample_cap) for n in collected if n not in earlier}
+    # permutations of another collected tensor (Reshape, Transpose ...) take a copy of its statistics
+    aliases = _permutations(graph, [n for n in names if n in produced and n not in earlier], set(collected))
+    fetch = [n for n in names if n in produced and n not in earlier and n not in aliases]
+    stats = {n: TensorStats.empty(num_bins, momentum, sample_cap) for n in collected
+             if n not in earlier and n not in aliases}
 
     start = time.perf_counter()
     if torch_device is None:
@@ -193,6 +197,8 @@ def collect_statistics(
             "calibration: the calibration data yielded no samples; check "
             "quant.input_configs[].calibration_dataset and calibration_size"
         )
+    for name, source in aliases.items():
+        stats[name] = TensorStats.from_arrays((stats[source] if source in stats else earlier[source]).to_arrays())
     log.info(
         "calibration statistics: %d tensors over %d sample%s in %.1f s on %s",
         len(stats),
@@ -204,6 +210,33 @@ def collect_statistics(
     if cache_path is not None:
         save_statistics(cache_path, {**earlier, **stats})  # what the cache held stays in it
     return {n: stats[n] if n in stats else earlier[n] for n in collected}
+
+
+def _permutations(graph: onnx.GraphProto, wanted: list[str], collected: set[str]) -> dict[str, str]:
+    """``{tensor: source}`` for each wanted tensor whose values are a permutation of another collected
+    tensor (output 0 of Reshape, Transpose, DepthToSpace ... :func:`same_value_ops`, through chains of
+    them; the source is the chain's earliest collected tensor): its statistics equal the source's
+    (extremes, zeros, histogram: every value once), so it is neither exposed nor binned. Graph outputs
+    stay measured (:class:`Reference` reads them)."""
+    ops = same_value_ops()
+    source_of = {node.output[0]: node.input[0] for node in graph.node
+                 if node.op_type in ops and node.domain in ("", "ai.onnx") and node.output and node.output[0]
+                 and node.input and node.input[0]}
+    outputs = {o.name for o in graph.output}
+    aliases: dict[str, str] = {}
+    for name in wanted:
+        if name in outputs:
+            continue
+        root, here = None, source_of.get(name)
+        for _ in range(len(source_of)):  # a bound: a malformed graph may loop
+            if here is None:
+                break
+            if here in collected:
+                root = here
+            here = source_of.get(here)
+        if root is not None:
+            aliases[name] = root
+    return aliases
 
 
 def _torch_device(device: str, backend: str) -> torch.device | None:

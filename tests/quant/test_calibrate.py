@@ -224,3 +224,54 @@ def test_a_build_imports_torch_only_when_it_needs_it():
             "pulsar.frontend.stage; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _movement_model() -> onnx.ModelProto:
+    """x -> Relu -> Transpose -> Reshape -> Sigmoid -> y, and a second output: a Flatten of the Relu."""
+    shape_t = numpy_helper.from_array(np.array([1, 8, 24], np.int64), "shape")
+    nodes = [
+        helper.make_node("Relu", ["x"], ["relu"]),
+        helper.make_node("Transpose", ["relu"], ["perm"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["perm", "shape"], ["flat"]),
+        helper.make_node("Sigmoid", ["flat"], ["y"]),
+        helper.make_node("Flatten", ["relu"], ["side"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "moves", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 24]),
+         helper.make_tensor_value_info("side", TensorProto.FLOAT, [1, 192])], [shape_t])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_permutations_copy_the_statistics_of_their_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Transpose / Reshape output holds its input's values: its statistics are a copy of the input's
+    (equal to measuring it), it is not exposed, and graph outputs and tensors whose source is not
+    collected are still measured."""
+    model, samples = _movement_model(), _samples()
+    names = ["relu", "perm", "flat", "y", "side"]
+    assert calibrate._permutations(model.graph, names, set(names)) == {"perm": "relu", "flat": "relu"}
+    assert calibrate._permutations(model.graph, ["perm", "flat"], {"perm", "flat"}) == {"flat": "perm"}
+    fetched: list[list[str]] = []
+    real = calibrate._session
+
+    def spy(m: onnx.ModelProto, fetch: list[str], overlap: bool = False):
+        fetched.append(list(fetch))
+        return real(m, fetch, overlap)
+
+    monkeypatch.setattr(calibrate, "_session", spy)
+    stats = collect_statistics(model, names, samples)
+    assert fetched == [["relu", "y", "side"]]  # the Flatten output is a graph output: measured
+    assert stats["perm"] == stats["relu"] and stats["flat"] == stats["relu"]
+    assert stats["perm"] is not stats["relu"]  # a copy: a later merge into one leaves the other
+    # equal to what measuring them gives: each tensor the only output of its own run
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for name in ("perm", "flat"):
+        measured = TensorStats.empty()
+        exposed = onnx.ModelProto()
+        exposed.CopyFrom(model)
+        exposed.graph.output.extend([onnx.ValueInfoProto(name=name)])
+        run = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+        for s in samples:
+            measured.update(run.run([name], s)[0])
+        assert stats[name] == measured, name
+    assert sess.run(["side"], samples[0])[0].size == stats["side"].count // len(samples)

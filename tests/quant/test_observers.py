@@ -423,3 +423,33 @@ def test_ranges_for_many_tensors_are_fast(rng: np.random.Generator) -> None:
             compute_range(s, method, symmetric=True)
     per_tensor = (time.process_time() - start) / len(stats)
     assert per_tensor < 0.05  # ~5 ms expected for both methods, both grids: 1500 tensors in seconds
+
+
+def _clipped_counts(x: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
+    """The bin counts with every position clipped into [0, n - 0.5] before truncation (the reference)."""
+    x = x.astype(np.float64) if x.dtype == np.float32 and (n / (hi - lo) > 1e30 or abs(lo) > 1e30) else x
+    t = (x - x.dtype.type(lo)) * x.dtype.type(n / (hi - lo))
+    return np.bincount(np.clip(t, 0.0, n - 0.5).astype(np.int64), minlength=n)[:n]
+
+
+@pytest.mark.parametrize("case", ["edges", "rounding", "below_lo", "chunks"])
+def test_bin_counts_put_edge_values_where_clipping_would(case: str) -> None:
+    """Positions rounding puts at n or past it join the top bin, and values below the grid (a caller's
+    mistake) the bottom one, exactly as clipping every position did."""
+    from pulsar.quant.observers.histogram import _CHUNK, _bin_counts
+
+    rng = np.random.default_rng(5)
+    lo, hi, n = -1.0000001, 3.0000002, 4096
+    if case == "edges":
+        x = np.array([lo, hi, np.nextafter(np.float32(hi), np.float32(0)), 0.0] * 50, np.float32)
+    elif case == "rounding":  # a grid edge between float32 neighbours: hi rounds past it
+        x = np.float32(hi) - rng.random(10_000, dtype=np.float32) * np.float32(1e-6)
+    elif case == "below_lo":
+        x = np.concatenate([rng.uniform(lo, hi, 1000), [lo - 0.5, lo - 1e-7]]).astype(np.float32)
+    else:
+        x = rng.uniform(lo, hi, 2 * _CHUNK + 17).astype(np.float32)
+        x[::997] = np.float32(hi)
+    counts, zeros = _bin_counts(x, lo, hi, n, count_zeros=True)
+    assert counts.shape == (n,) and counts.dtype == np.int64
+    np.testing.assert_array_equal(counts, _clipped_counts(x, lo, hi, n))
+    assert zeros == int(np.sum(x == 0))

@@ -266,7 +266,7 @@ def _bin_counts(x: np.ndarray, lo: float, hi: float, n: int,
     if x.dtype == np.float32 and (scale > 1e30 or abs(lo) > 1e30):
         x = x.astype(np.float64)  # keep float32 arithmetic away from overflow on degenerate grids
     lo_, scale_ = x.dtype.type(lo), x.dtype.type(scale)
-    counts = np.zeros(n, np.int64)
+    counts: np.ndarray | None = None
     zeros = 0
     buf = _buffers(x.dtype)
     for start in range(0, x.size, _CHUNK):
@@ -276,12 +276,27 @@ def _bin_counts(x: np.ndarray, lo: float, hi: float, n: int,
             zeros += int(np.count_nonzero(np.equal(orig[start : start + _CHUNK], 0, out=buf.mask[:m])))
         t = np.subtract(chunk, lo_, out=buf.pos[:m])
         t *= scale_
-        np.clip(t, 0.0, n - 0.5, out=t)  # rounding can push the extremes just past the outer edges
-        # t is in [0, n): through int32 (a vectorized cast; float -> int64 is not) to the intp bincount takes
+        # t is in [0, n + rounding): x >= lo rounds to x >= lo_ (rounding is monotonic), so x - lo_ >= 0;
+        # through int32 (a vectorized cast; float -> int64 is not) to the intp bincount takes, truncating
+        # as astype does; the few values rounding pushes to n or past join the top bin, as a clip to
+        # n - 0.5 would put them (one pass less than clipping every value)
         codes, index = buf.int32[:m], buf.index[:m]
-        np.copyto(codes, t, casting="unsafe")  # truncates, as astype does
+        np.copyto(codes, t, casting="unsafe")
         np.copyto(index, codes)
-        counts += np.bincount(index, minlength=n)[:n]
+        try:
+            got = np.bincount(index, minlength=n)
+        except ValueError:  # a negative code: values below lo after all; clip as the grid's edges do
+            np.copyto(index, np.clip(t, 0.0, n - 0.5), casting="unsafe")
+            got = np.bincount(index, minlength=n)
+        if got.size > n:
+            got[n - 1] += got[n:].sum()
+            got = got[:n]
+        if counts is None:
+            counts = got
+        else:
+            counts += got
+    if counts is None:
+        counts = np.zeros(n, np.int64)
     return (counts, zeros) if count_zeros else counts
 
 
