@@ -230,7 +230,8 @@ class QuantConfig:
     calibration_histogram_values: int = FILLED
     """the most values of one calibration sample a tensor's histogram bins; past it an even sample (every k-th
     value, k prime, each counted k times), which calibrates large feature maps several times faster while
-    the extremes still see every value. 0: every value
+    the extremes still see every value. The default, 1 Mi, bins most tensors whole and samples only
+    high-resolution feature maps; 0: every value
     """
 
     weight_calibration_method: Literal[

@@ -42,7 +42,8 @@ def test_the_file_is_documented_json(saved):
     r2 = doc["tensors"]["r2"]
     assert r2["count"] == sum(r2["histogram"]["counts"]) and r2["min"] <= r2["max"]
     assert r2["range_by"]["method"] == "MinMax" and r2["range"] == [0.0, r2["max"]]
-    assert doc["collection"] == {"bins": 4096, "momentum": 0.9, "binned_per_batch": 0}  # every value binned
+    # the default cap (1 Mi values a sample), above every tensor of this model: each is binned whole
+    assert doc["collection"] == {"bins": 4096, "momentum": 0.9, "binned_per_batch": 1 << 20}
 
 
 def test_loading_the_file_reproduces_the_build_without_running_the_model(tmp_path, saved, tiny):

@@ -9,7 +9,7 @@ the other side of an edge), and growth is at least 2x, which keeps re-binning ra
 earlier data fit in less than one new bin (e.g. a constant first batch) does the grid restart,
 with the old counts placed at their bin centres.
 
-With ``sample_cap`` (``quant.calibration_histogram_values``; 0, the default, bins every value) large
+With ``sample_cap`` (``quant.calibration_histogram_values``, 1 Mi by default; 0 bins every value) large
 activations are binned from a sample of their values: the extremes and the non-finite count always
 see every value, the histogram at most about ``sample_cap`` values of a batch, every k-th one (k a
 prime, so the sample does not line up with a feature map's power-of-two rows and columns) from an
