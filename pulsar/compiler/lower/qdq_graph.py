@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pulsar.core.tensors import initializer_array
 from pulsar.frontend.graph import DEFAULT_DOMAINS, node_inputs
-from pulsar.frontend.shapes import inferred_graph
+from pulsar.frontend.shapes import inferred_graph, large_weights, lift_weights
 
 QDQ_DOMAINS = (*DEFAULT_DOMAINS, "com.microsoft")
 INT_RANGES: dict[int, tuple[int, int]] = {
@@ -207,7 +207,9 @@ def inferable(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def infer_types(model: onnx.ModelProto) -> dict[str, TensorType]:
     """Elem type and shape of every tensor, with com.microsoft Q / DQ read as Casts."""
-    g = inferred_graph(inferable(model))  # read only: the large weights need not come back
+    # read only: the large weights go in as typed inputs (lift_weights), so neither the copy that
+    # renames the Q / DQ nodes nor the inference copies them
+    g = inferred_graph(inferable(lift_weights(model, large_weights(model))))
     types: dict[str, TensorType] = {}
     for vi in [*g.value_info, *g.input, *g.output]:
         t = vi.type.tensor_type

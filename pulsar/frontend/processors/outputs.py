@@ -68,8 +68,12 @@ def _target_type(index: int, p: Any, elem_type: int) -> int:
 def attach_output_processors(model: onnx.ModelProto, processors: Sequence[Any]) -> tuple[onnx.ModelProto, list[str]]:
     """Transpose (dst_perm or tensor_layout) then convert (output_dtype, rounded and saturated) outputs.
 
-    Returns a new model (the argument is not modified) and one log line per processed output.
+    Returns a new model (the argument is not modified) and one log line per processed output; with
+    no processors, ``model`` itself (every caller passes the fresh copy attach_input_processors made,
+    and a copy of a transformer's weights costs more than the rest of this call).
     """
+    if not processors:
+        return model, []
     result = onnx.ModelProto()
     result.CopyFrom(model)
     graph = result.graph
