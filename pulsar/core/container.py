@@ -75,7 +75,7 @@ from pulsar.core.container_check import (
     string_attr,
 )
 from pulsar.core.container_schema import decode_value, encode_value, metadata_problem, option_problem
-from pulsar.core.graph import outer_scope_inputs, subgraphs
+from pulsar.core.graph import assign_fields, outer_scope_inputs, subgraphs
 from pulsar.core.int_ops import INT_DOMAIN
 from pulsar.core.integrity import CHECKSUM_KEY, sealed_bytes, verify
 from pulsar.core.variants import VARIANTS_KEY, variant_problem
@@ -280,11 +280,13 @@ def package(
     border_infos: dict[str, onnx.ValueInfoProto] = {}
 
     def hoist(graph: onnx.GraphProto, sg_name: str) -> onnx.GraphProto:
-        """A copy of ``graph`` whose initializers moved to the top level (merged by name + content)."""
-        body = copy.deepcopy(graph)
-        inits = list(body.initializer)
+        """A copy of ``graph`` whose initializers moved to the top level (merged by name + content): the
+        copy leaves them out, and the top-level graph copies each once (a transformer's embedding table
+        is tens of MB)."""
+        body = onnx.GraphProto()
+        assign_fields(body, graph, skip="initializer")
+        inits = list(graph.initializer)
         init_names = {t.name for t in inits}
-        del body.initializer[:]
         # Old-style graphs list weights as inputs too; they are constants, not border tensors.
         kept = [i for i in body.input if i.name not in init_names]
         del body.input[:]
@@ -352,14 +354,6 @@ def package(
 
     io_names = {v.name for v in inputs} | {v.name for v in outputs}
     value_info = [vi for name, vi in border_infos.items() if name not in io_names]
-    graph = helper.make_graph(
-        nodes,
-        "pulsar_compiled_model",
-        list(inputs),
-        list(outputs),
-        initializer=list(top_inits.values()),
-        value_info=value_info,
-    )
     opsets = [op for op in opset_imports if op.domain not in _KIND_BY_DOMAIN]
     opsets += [helper.make_opsetid(k.domain, 1) for k in SUBGRAPH_KINDS.values()]
     body_domains = {n.domain for sg in subgraphs for n in sg.graph.node}
@@ -369,8 +363,16 @@ def package(
         default = [op for op in opsets if op.domain in ("", "ai.onnx")]
         ir_version = max(helper.find_min_ir_version_for(default, ignore_unknown=True), 4)
     model = helper.make_model(
-        graph, opset_imports=opsets, producer_name="pulsar", producer_version=pulsar_version()
+        onnx.GraphProto(), opset_imports=opsets, producer_name="pulsar", producer_version=pulsar_version()
     )
+    # the graph filled in place: make_graph, then make_model's copy of it, would copy the weights twice
+    graph = model.graph
+    graph.name = "pulsar_compiled_model"
+    graph.node.extend(nodes)
+    graph.input.extend(inputs)
+    graph.output.extend(outputs)
+    graph.initializer.extend(top_inits.values())
+    graph.value_info.extend(value_info)
     model.ir_version = ir_version
     helper.set_model_props(model, dict(_encode_metadata(metadata)))
     path = Path(path)
