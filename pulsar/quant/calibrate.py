@@ -199,6 +199,9 @@ def collect_statistics(
         )
     for name, source in aliases.items():
         stats[name] = TensorStats.from_arrays((stats[source] if source in stats else earlier[source]).to_arrays())
+    if aliases:
+        log.debug("calibration: %d tensors copy the statistics of the tensor they permute (%s ...)", len(aliases),
+                  ", ".join(f"{n} <- {r}" for n, r in list(aliases.items())[:3]))
     log.info(
         "calibration statistics: %d tensors over %d sample%s in %.1f s on %s",
         len(stats),
