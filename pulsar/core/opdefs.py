@@ -83,6 +83,7 @@ class OpDef:
     enlarges: bool = False          # copies input elements, usually writing more than it reads (Resize, Expand, Tile)
     shape_only: bool = False        # changes only shape, axis order, broadcast or element type of input 0
     same_values: bool = False       # output 0 holds input 0's values, each exactly once (a permutation)
+    keeps_order: bool = False       # ... and in the same flat (C) order: a reshape
     float_layer: bool = False       # runs in an FP16 / BF16 layer on the NPU (pulsar/core/float_ops.py)
     cpu_only: str = ""              # why the NPU never runs it ("": it can)
     lacks: tuple[tuple[Piece, str], ...] = ()  # pieces an NPU op has not got, each with why
@@ -171,8 +172,10 @@ define("Resize", kind="movement", role="active", mixed_precision=True, moves_cod
 
 # Passive: no arithmetic; they share their input's scale, run on the NPU next to quantized neighbours
 # and on the CPU next to float ones.
-define("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", kind="movement", role="passive",
-       moves_codes=True, keeps_grid=True, shape_only=True, same_values=True)
+define("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", kind="movement", role="passive",
+       moves_codes=True, keeps_grid=True, shape_only=True, same_values=True, keeps_order=True)
+define("Transpose", kind="movement", role="passive", moves_codes=True, keeps_grid=True, shape_only=True,
+       same_values=True)
 define("DepthToSpace", "SpaceToDepth", kind="movement", role="passive", moves_codes=True, keeps_grid=True,
        same_values=True)
 define("Slice", "Split", "Pad", kind="movement", role="passive", moves_codes=True, keeps_grid=True)
@@ -339,9 +342,16 @@ def enlarging_ops() -> frozenset[str]:
 
 def same_value_ops() -> frozenset[str]:
     """Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Identity, DepthToSpace, SpaceToDepth: output 0 is
-    a permutation of input 0 (every element once, none added), so any statistic of its values (extremes,
-    histogram, zero count) equals the input's; calibration copies it instead of measuring it again."""
+    a permutation of input 0 (every element once, none added), so any statistic of all its values
+    (extremes, histogram, zero count) equals the input's; calibration copies it instead of measuring it
+    again."""
     return op_types(lambda d: d.same_values)
+
+
+def order_keeping_ops() -> frozenset[str]:
+    """Reshape, Flatten, Squeeze, Unsqueeze, Identity: output 0 is input 0's values in the same flat
+    order, so even a statistic of every k-th value (a sampled histogram) equals the input's."""
+    return op_types(lambda d: d.keeps_order)
 
 
 def shape_only_ops() -> frozenset[str]:
@@ -380,5 +390,5 @@ def npu_manual_nonlinearities() -> frozenset[str]:
 __all__ = ["DEFAULT", "ML", "MS", "OPDEFS", "PIECES", "Kind", "OpDef", "Piece", "Role", "by_type",
            "code_moving_ops", "define", "enlarging_ops", "float_layer_ops", "fused_activations", "grid_keeping_ops", "kind_ops",
            "lookup", "lut_chain_ops", "manual_ops", "mixed_precision_ops", "npu_manual_nonlinearities", "op_types",
-           "passive_ops", "quantized_ops", "same_value_ops", "scalar_arithmetic_ops", "scalar_operands", "shape_only_ops",
+           "order_keeping_ops", "passive_ops", "quantized_ops", "same_value_ops", "scalar_arithmetic_ops", "scalar_operands", "shape_only_ops",
            "table_ops"]

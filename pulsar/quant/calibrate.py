@@ -29,7 +29,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from pulsar.core import custom_ops
-from pulsar.core.opdefs import same_value_ops
+from pulsar.core.opdefs import order_keeping_ops, same_value_ops
 from pulsar.core.ort_weights import session_with_lifted_weights
 from pulsar.core.plugin_session import inference_session
 from pulsar.errors import PulsarError, did_you_mean
@@ -176,7 +176,8 @@ def collect_statistics(
     # the cache's tensors (same model, data and settings) are not collected again
     from_feed = [n for n in names if n in inputs and n not in earlier]
     # permutations of another collected tensor (Reshape, Transpose ...) take a copy of its statistics
-    aliases = _permutations(graph, [n for n in names if n in produced and n not in earlier], set(collected))
+    aliases = _permutations(model, [n for n in names if n in produced and n not in earlier],
+                            set(collected) | set(earlier), sample_cap)
     fetch = [n for n in names if n in produced and n not in earlier and n not in aliases]
     stats = {n: TensorStats.empty(num_bins, momentum, sample_cap) for n in collected
              if n not in earlier and n not in aliases}
@@ -215,31 +216,48 @@ def collect_statistics(
     return {n: stats[n] if n in stats else earlier[n] for n in collected}
 
 
-def _permutations(graph: onnx.GraphProto, wanted: list[str], collected: set[str]) -> dict[str, str]:
-    """``{tensor: source}`` for each wanted tensor whose values are a permutation of another collected
-    tensor (output 0 of Reshape, Transpose, DepthToSpace ... :func:`same_value_ops`, through chains of
-    them; the source is the chain's earliest collected tensor): its statistics equal the source's
-    (extremes, zeros, histogram: every value once), so it is neither exposed nor binned. Graph outputs
-    stay measured (:class:`Reference` reads them)."""
-    ops = same_value_ops()
-    source_of = {node.output[0]: node.input[0] for node in graph.node
+def _permutations(model: onnx.ModelProto, wanted: list[str], measured: set[str], sample_cap: int) -> dict[str, str]:
+    """``{tensor: source}`` for each wanted tensor whose values are a permutation of a measured tensor
+    (output 0 of Reshape, Transpose, DepthToSpace ... :func:`same_value_ops`, through chains of them;
+    the source is the chain's earliest measured tensor): its statistics equal the source's (extremes,
+    zeros, histogram: every value once), so it is neither exposed nor binned. A histogram of a sample
+    (more than ``sample_cap`` values a batch) takes every k-th value in flat order, so a chain that
+    reorders (Transpose, DepthToSpace, SpaceToDepth) counts only for tensors known to be binned whole.
+    Graph outputs stay measured (:class:`Reference` reads them)."""
+    graph = model.graph
+    ops, ordered = same_value_ops(), order_keeping_ops()
+    source_of = {node.output[0]: (node.input[0], node.op_type in ordered) for node in graph.node
                  if node.op_type in ops and node.domain in ("", "ai.onnx") and node.output and node.output[0]
                  and node.input and node.input[0]}
     outputs = {o.name for o in graph.output}
+    whole = _binned_whole(model, sample_cap)
     aliases: dict[str, str] = {}
     for name in wanted:
         if name in outputs:
             continue
-        root, here = None, source_of.get(name)
+        root, here, keeps = None, source_of.get(name), True
         for _ in range(len(source_of)):  # a bound: a malformed graph may loop
             if here is None:
                 break
-            if here in collected:
-                root = here
-            here = source_of.get(here)
+            keeps = keeps and here[1]
+            if here[0] in measured and (keeps or whole(name)):
+                root = here[0]
+            here = source_of.get(here[0])
         if root is not None:
             aliases[name] = root
     return aliases
+
+
+def _binned_whole(model: onnx.ModelProto, sample_cap: int) -> Callable[[str], bool]:
+    """Whether a tensor's histogram bins every value of a batch: no cap, or a static size within it."""
+    if not sample_cap:
+        return lambda name: True
+    sizes: dict[str, int] = {}
+    for vi in model.graph.value_info:
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim]
+        if vi.type.tensor_type.HasField("shape") and all(d > 0 for d in dims):
+            sizes[vi.name] = math.prod(dims)
+    return lambda name: 0 < sizes.get(name, 0) <= sample_cap
 
 
 def _torch_device(device: str, backend: str) -> torch.device | None:

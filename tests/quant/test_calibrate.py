@@ -249,8 +249,8 @@ def test_permutations_copy_the_statistics_of_their_source(monkeypatch: pytest.Mo
     collected are still measured."""
     model, samples = _movement_model(), _samples()
     names = ["relu", "perm", "flat", "y", "side"]
-    assert calibrate._permutations(model.graph, names, set(names)) == {"perm": "relu", "flat": "relu"}
-    assert calibrate._permutations(model.graph, ["perm", "flat"], {"perm", "flat"}) == {"flat": "perm"}
+    assert calibrate._permutations(model, names, set(names), 0) == {"perm": "relu", "flat": "relu"}
+    assert calibrate._permutations(model, ["perm", "flat"], {"perm", "flat"}, 0) == {"flat": "perm"}
     fetched: list[list[str]] = []
     real = calibrate._session
 
@@ -275,3 +275,25 @@ def test_permutations_copy_the_statistics_of_their_source(monkeypatch: pytest.Mo
             measured.update(run.run([name], s)[0])
         assert stats[name] == measured, name
     assert sess.run(["side"], samples[0])[0].size == stats["side"].count // len(samples)
+
+
+@pytest.mark.parametrize("cap", [50, 1000])
+def test_sampled_histograms_copy_only_what_measuring_gives(cap: int) -> None:
+    """With histograms of a sample (every k-th value in flat order) a Reshape still gives the same
+    numbers as its input, a Transpose (which reorders) only when its tensor is binned whole: above the
+    cap it is measured, and each copy equals measuring the tensor on its own."""
+    model = onnx.shape_inference.infer_shapes(_movement_model())
+    names = ["relu", "perm", "flat", "y"]
+    aliases = calibrate._permutations(model, names, set(names), cap)
+    assert aliases == ({"perm": "relu", "flat": "relu"} if cap >= 192 else {"flat": "perm"})
+    samples = _samples()
+    stats = collect_statistics(model, names, samples, sample_cap=cap)
+    for name in ("perm", "flat"):
+        exposed = onnx.ModelProto()
+        exposed.CopyFrom(model)
+        exposed.graph.output.extend([onnx.ValueInfoProto(name=name)])
+        run = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+        measured = TensorStats.empty(sample_cap=cap)
+        for s in samples:
+            measured.update(run.run([name], s)[0])
+        assert stats[name] == measured, name

@@ -185,12 +185,13 @@ def _zero_point_type(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -
     return TensorProto.UINT8 if len(node.input) <= 2 else None
 
 
-def inferable(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` that onnx shape inference understands: com.microsoft Q / DQ as Casts."""
+def inferable(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto] | None = None) -> onnx.ModelProto:
+    """A copy of ``model`` that onnx shape inference understands: com.microsoft Q / DQ as Casts (their
+    zero points' types from ``inits``, default the model's initializers)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
-    inits = {t.name: t for t in g.initializer}
+    inits = {t.name: t for t in g.initializer} if inits is None else inits
     nodes = []
     for node in g.node:
         if node.domain == "com.microsoft" and (is_q(node) or is_dq(node)):
@@ -209,7 +210,8 @@ def infer_types(model: onnx.ModelProto) -> dict[str, TensorType]:
     """Elem type and shape of every tensor, with com.microsoft Q / DQ read as Casts."""
     # read only: the large weights go in as typed inputs (lift_weights), so neither the copy that
     # renames the Q / DQ nodes nor the inference copies them
-    g = inferred_graph(inferable(lift_weights(model, large_weights(model))))
+    inits = {t.name: t for t in model.graph.initializer}  # a lifted zero point still gives its type
+    g = inferred_graph(inferable(lift_weights(model, large_weights(model)), inits))
     types: dict[str, TensorType] = {}
     for vi in [*g.value_info, *g.input, *g.output]:
         t = vi.type.tensor_type
