@@ -232,3 +232,16 @@ def test_infer_shapes_propagates_through_shape_ops():
     inferred = infer_shapes(model)
     target = [vi for vi in inferred.graph.value_info if vi.name == "target"]
     assert target and target[0].type.tensor_type.elem_type == TensorProto.INT64
+
+
+def test_the_checker_verdict_comes_before_later_steps_errors(tmp_path):
+    """The checker runs beside the load and the conversion; a model it refuses is reported as that even
+    when a later step (here the opset conversion of a graph whose node reads nothing) fails first."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["ghost"], ["y"])], "g", [tensor("x", [1])], [tensor("y", [1])]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=6)
+    path = _save(model, tmp_path / "old_broken.onnx")
+    with pytest.raises(PulsarError, match="old_broken.onnx fails the ONNX checker") as err:
+        load_model(path)
+    assert "ghost" in str(err.value) and "\n" not in str(err.value)
