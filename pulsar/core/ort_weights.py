@@ -29,7 +29,7 @@ LIFTABLE = frozenset({_T.FLOAT, _T.DOUBLE, _T.FLOAT16, _T.INT8, _T.UINT8, _T.INT
 _LOCATION = "pulsar-external-initializer"  # never read: the OrtValue of the same name replaces it
 
 
-def _raw_size(t: onnx.TensorProto) -> int:
+def raw_size(t: onnx.TensorProto) -> int:
     """Bytes of a raw-data tensor of a :data:`LIFTABLE` type from its dims (reading ``raw_data`` would
     copy it); 0 for any other."""
     if not t.HasField("raw_data") or t.data_type not in LIFTABLE:
@@ -44,7 +44,7 @@ def session_with_lifted_weights(model: onnx.ModelProto, options: ort.SessionOpti
     their types. ``options`` must be fresh: the weights are added to it, so options shared with
     another session would hand it these values."""
     g = model.graph
-    big = [t for t in g.initializer if _raw_size(t) >= LIFT_BYTES and t.data_location != onnx.TensorProto.EXTERNAL]
+    big = [t for t in g.initializer if raw_size(t) >= LIFT_BYTES and t.data_location != onnx.TensorProto.EXTERNAL]
     names = {t.name for t in big}
     light = onnx.ModelProto()
     assign_fields(light, model, skip="graph")
@@ -66,4 +66,4 @@ def session_with_lifted_weights(model: onnx.ModelProto, options: ort.SessionOpti
     return session
 
 
-__all__ = ["LIFT_BYTES", "session_with_lifted_weights"]
+__all__ = ["LIFTABLE", "LIFT_BYTES", "raw_size", "session_with_lifted_weights"]

@@ -235,8 +235,8 @@ def test_infer_shapes_propagates_through_shape_ops():
 
 
 def test_the_checker_verdict_comes_before_later_steps_errors(tmp_path):
-    """The checker runs beside the load and the conversion; a model it refuses is reported as that even
-    when a later step (here the opset conversion of a graph whose node reads nothing) fails first."""
+    """The checker runs before the conversion; a model it refuses is reported as that even when a later
+    step (here the opset conversion of a graph whose node reads nothing) would fail too."""
     graph = helper.make_graph(
         [helper.make_node("Relu", ["ghost"], ["y"])], "g", [tensor("x", [1])], [tensor("y", [1])]
     )
@@ -245,3 +245,43 @@ def test_the_checker_verdict_comes_before_later_steps_errors(tmp_path):
     with pytest.raises(PulsarError, match="old_broken.onnx fails the ONNX checker") as err:
         load_model(path)
     assert "ghost" in str(err.value) and "\n" not in str(err.value)
+
+
+def _big_weight_model(weight: TensorProto, reads: str = "w") -> onnx.ModelProto:
+    """y = x + w with w a 128 KiB initializer: over the size the loader checks itself (64 KiB)."""
+    graph = helper.make_graph([helper.make_node("Add", ["x", reads], ["y"])], "g", [tensor("x", [256, 128])],
+                              [tensor("y", [256, 128])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_large_weights_pass_the_check_and_keep_their_values(tmp_path):
+    w = np.arange(256 * 128, dtype=np.float32).reshape(256, 128)
+    path = _save(_big_weight_model(onnx.numpy_helper.from_array(w, "w")), tmp_path / "big.onnx")
+    model = load_model(path)
+    (init,) = model.graph.initializer
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(init), w)
+    assert [i.name for i in model.graph.input] == ["x"]  # checked as an input, loaded as the initializer
+
+
+def test_large_weight_with_too_few_raw_bytes_fails_the_check(tmp_path):
+    raw = np.zeros(256 * 128 - 1, np.float32).tobytes()  # one float short of its shape
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[256, 128], raw_data=raw)
+    path = _save(_big_weight_model(weight), tmp_path / "short.onnx")
+    with pytest.raises(PulsarError, match="short.onnx fails the ONNX checker") as err:
+        load_model(path)
+    assert "'w'" in str(err.value) and str(len(raw)) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_large_weight_with_two_value_fields_fails_the_check(tmp_path):
+    weight = onnx.numpy_helper.from_array(np.zeros((256, 128), np.float32), "w")
+    weight.float_data.extend([1.0])  # raw bytes and a typed field: the checker's own rule
+    path = _save(_big_weight_model(weight), tmp_path / "two.onnx")
+    with pytest.raises(PulsarError, match="two.onnx fails the ONNX checker.*one and only one value field"):
+        load_model(path)
+
+
+def test_graph_errors_are_found_next_to_large_weights(tmp_path):
+    weight = onnx.numpy_helper.from_array(np.zeros((256, 128), np.float32), "w")
+    path = _save(_big_weight_model(weight, reads="ghost"), tmp_path / "ghost.onnx")
+    with pytest.raises(PulsarError, match="ghost.onnx fails the ONNX checker.*ghost"):
+        load_model(path)
