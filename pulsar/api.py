@@ -16,7 +16,7 @@ from pulsar.preflight import preflight
 from pulsar.recompile import RecompilePlan, copy_quant_artifacts, plan_recompile, recompile_preflight
 from pulsar.runtime.runner import run_model
 from pulsar.ui import Stages, build_log, setup_logging, show, table
-from pulsar.utils.atomic import atomic_write_text
+from pulsar.utils.atomic import atomic_write_text, background_writes, settle_writes
 from pulsar.utils.outdir import BuildOutput, check_dir_path
 from pulsar.utils.scratch import use_scratch
 from pulsar.utils.signals import terminate_as_interrupt
@@ -85,7 +85,7 @@ def build(input: str | Path | None = None, output_dir: str | Path | None = None,
                 with BuildOutput(out) as target:
                     ctx.output_dir, ctx.final_output_dir = target.staging, out
                     blog.open(target.staging / "build.log")
-                    with use_scratch(target.staging):
+                    with use_scratch(target.staging), background_writes():  # every write in place before commit
                         result = _run_stages(ctx, original, calibration, t0)
                     target.commit()
             finally:
@@ -175,6 +175,7 @@ def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -
         from pulsar.evaluation.evaluate import run_evaluation
 
         with st.stage("evaluation"):
+            settle_writes()  # the evaluation reads the three models from their files
             path = ctx.path("evaluation.json")
             run_evaluation(ctx.cfg, original, ctx.path("frontend", "optimized.onnx"),
                            ctx.path("quant", "quantized.onnx"), compiled.path, path, ctx.quiet)
@@ -192,7 +193,7 @@ def _recompile(ctx: BuildContext, plan: RecompilePlan, blog: Any, t0: float) -> 
     with BuildOutput(out) as target:
         ctx.output_dir, ctx.final_output_dir = target.staging, out
         blog.open(target.staging / "build.log")
-        with use_scratch(target.staging):
+        with use_scratch(target.staging), background_writes():
             ctx.artifacts["effective config"] = atomic_write_text(ctx.path("build_config.json"),
                                                                   json.dumps(ctx.data, indent=2) + "\n")
             copy_quant_artifacts(ctx, plan.source)

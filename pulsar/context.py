@@ -30,6 +30,7 @@ class BuildContext:
     # (model, sha256 of its serialized bytes): the frontend hashes optimized.onnx as it writes it
     float_digest: tuple[onnx.ModelProto, Any] | None = None
     float_reference: Any = None                 # pulsar.quant.calibrate.Reference: float outputs the pass kept
+    frontend_check: Any = None                  # pulsar.frontend.pass_manager.PendingCheck: settled by the quant stage
     quant_check: Any = None                     # pulsar.quant.model_check.QuantCheck: runs while the compiler works
     quant_graph: Any = None                     # pulsar.quant.graph.QuantGraph, once the quant stage built it
     imported: dict[str, Any] = field(default_factory=dict)  # QuantONNX: tensor -> TensorQuant kept from the input

@@ -80,7 +80,7 @@ from pulsar.core.int_ops import INT_DOMAIN
 from pulsar.core.integrity import CHECKSUM_KEY, sealed_bytes, verify
 from pulsar.core.variants import VARIANTS_KEY, variant_problem
 from pulsar.errors import PulsarError
-from pulsar.utils.atomic import atomic_write_bytes
+from pulsar.utils.atomic import atomic_write_bytes, pending_bytes
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +376,7 @@ def package(
     model.ir_version = ir_version
     helper.set_model_props(model, dict(_encode_metadata(metadata)))
     path = Path(path)
-    atomic_write_bytes(path, sealed_bytes(model))
+    atomic_write_bytes(path, sealed_bytes(model), background=True)  # the load check reads the bytes meanwhile
     log.debug("wrote compiled model %s (%d subgraphs, %d initializers)", path, len(nodes), len(top_inits))
     return path
 
@@ -477,6 +477,10 @@ def _read_variants(path: Path, node: onnx.NodeProto, attrs: dict[str, onnx.Attri
 
 
 def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, or those of this build's write of it still on its way to the disk."""
+    written = pending_bytes(path)
+    if written is not None:
+        return written
     if "\0" in str(path):
         raise PulsarError(f"compiled model path {str(path)!r} contains a NUL byte; fix the path")
     if path.is_dir():

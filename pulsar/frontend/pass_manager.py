@@ -22,7 +22,7 @@ from pulsar.frontend.graph import DEFAULT_DOMAINS
 from pulsar.frontend.passes import DEFAULT_PASSES, PASSES
 from pulsar.frontend.shapes import infer_shapes, serialized_over
 
-__all__ = ["PassRecord", "compare_models", "op_histogram", "optimize"]
+__all__ = ["PassRecord", "PendingCheck", "compare_models", "op_histogram", "optimize", "optimize_deferred", "optimized_again"]
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,47 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+@dataclass
+class PendingCheck:
+    """The transformation check of one :func:`optimize_deferred` run, waiting for the optimized graph's
+    outputs on the check samples. The build's calibration pass runs that graph on those samples anyway
+    (its first samples), so handing its outputs to :meth:`settle` spares a session of the model's own
+    (0.1-0.15 s with a transformer's weights); without them, :meth:`settle` runs the graph itself."""
+
+    source: onnx.ModelProto  # the input graph, unchanged: the replay starts from it
+    model: onnx.ModelProto  # the optimized graph whose outputs are compared
+    names: list[str]
+    samples: list[Sample]
+    ref: list[dict]  # the input graph's outputs on ``samples``
+    changed: list[str]
+    rtol: float
+    atol: float
+
+    def settle(self, outputs: list[dict] | None = None) -> tuple[onnx.ModelProto, dict[str, PassRecord]] | None:
+        """Compare the optimized graph's ``outputs`` on the samples (None: run it here) with the input
+        graph's. Passes: None. Differs: the passes are replayed from the input graph with a check after
+        every change, so the PulsarError names the pass; when no single pass is out of tolerance the
+        replayed graph and records are returned (they equal the optimized ones: passes are deterministic)."""
+        tol = max(self.rtol, *(PASS_RTOL.get(name, 0.0) for name in self.changed))
+        try:
+            bad = _mismatch(self.ref, outputs if outputs is not None else run(self.model, self.samples), tol, self.atol)
+        except Exception:  # noqa: BLE001  the replay below names the pass onnxruntime fails after
+            bad = {"output": "?"}
+        if bad is None:
+            return None
+        log.info("transformation check: the optimized graph differs (output %s); replaying the passes "
+                 "one at a time to find the one that changed it", bad["output"])
+        model = _copy(self.source)
+        state = {"ref": self.ref}
+        rtol, atol, samples = self.rtol, self.atol, self.samples
+
+        def each(name: str, m: onnx.ModelProto) -> None:
+            state["ref"] = _check(name, m, samples, state["ref"], max(rtol, PASS_RTOL.get(name, 0.0)), atol)
+
+        records, _ = _fixed_point(model, self.names, each)
+        return model, records
+
+
 def optimize(
     model: onnx.ModelProto,
     passes: list[str] | None = None,
@@ -160,7 +201,7 @@ def optimize(
     rtol: float = 1e-4,
     atol: float = ATOL,
 ) -> tuple[onnx.ModelProto, list[PassRecord]]:
-    """Apply ``passes`` (default :data:`DEFAULT_PASSES`) until none changes the graph.
+    """Apply ``passes`` (default :data:`DEFAULT_PASSES`) until none changes the graph, and check the result.
 
     An output passes the check when max|a-b| <= rtol * max(max|a|, 1e-6), or when max|a-b| <= atol:
     float32 kernels such as Sigmoid have an absolute error near 1e-7 however small the output, so
@@ -170,6 +211,39 @@ def optimize(
     input graph with a check after every change, so the error still names the pass that broke it.
     Works on a copy: the caller's model stays the original for the final ``model_check``.
     """
+    model, records, pending = optimize_deferred(model, passes, check=check, samples=samples, rtol=rtol, atol=atol)
+    if pending is not None:
+        start = time.perf_counter()
+        replayed = pending.settle()
+        if replayed is not None:
+            records = list(replayed[1].values())
+            model = optimized_again(replayed, model)
+        else:
+            changed = set(pending.changed)
+            for record in records:  # the one check's time, shared by the passes it covered
+                if record.name in changed:
+                    record.check_seconds += (time.perf_counter() - start) / len(changed)
+    for record in records:
+        log.debug(
+            "pass %s: changed in %d iteration(s), %d -> %d nodes, %.3fs (+%.3fs check)",
+            record.name, record.changed_iterations, record.nodes_before, record.nodes_after,
+            record.seconds, record.check_seconds,
+        )  # fmt: skip
+    return model, records
+
+
+def optimize_deferred(
+    model: onnx.ModelProto,
+    passes: list[str] | None = None,
+    *,
+    check: bool = True,
+    samples: list[dict[str, np.ndarray]] | None = None,
+    rtol: float = 1e-4,
+    atol: float = ATOL,
+) -> tuple[onnx.ModelProto, list[PassRecord], PendingCheck | None]:
+    """:func:`optimize` without the check of the final graph: that comes back as a :class:`PendingCheck`
+    (None when there is nothing to check) for the caller to settle, with outputs it computes anyway or
+    without. The input graph's outputs are computed here, before the passes."""
     names = _validate(DEFAULT_PASSES if passes is None else passes)
     small = not serialized_over(model, _PROTO_LIMIT)  # ByteSize() <= limit, without serializing the weights
     source = model
@@ -189,44 +263,31 @@ def optimize(
             ) from exc
 
     records, changed = _fixed_point(model, names, None)
+    model = _finish(model, small)
+    pending = None
     if check and changed:
         assert samples is not None
-        tol = max(rtol, *(PASS_RTOL.get(name, 0.0) for name in changed))
-        start = time.perf_counter()
-        try:
-            bad = _mismatch(ref, run(model, samples), tol, atol)
-        except Exception:  # noqa: BLE001  the replay below names the pass onnxruntime fails after
-            bad = {"output": "?"}
-        if bad is not None:  # find the pass: replay from the input graph, checking after every change
-            log.info("transformation check: the optimized graph differs (output %s); replaying the passes "
-                     "one at a time to find the one that changed it", bad["output"])
-            model = _copy(source)
-            state = {"ref": ref}
+        pending = PendingCheck(source, model, names, samples, ref, changed, rtol, atol)
+    return model, list(records.values()), pending
 
-            def each(name: str, m: onnx.ModelProto) -> None:
-                state["ref"] = _check(name, m, samples, state["ref"], max(rtol, PASS_RTOL.get(name, 0.0)), atol)
 
-            records, changed = _fixed_point(model, names, each)
-        else:
-            seconds = time.perf_counter() - start
-            for name in dict.fromkeys(changed):  # the one check's time, shared by the passes it covered
-                records[name].check_seconds += seconds / len(set(changed))
+def optimized_again(settled: tuple[onnx.ModelProto, dict[str, PassRecord]] | None, model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph to go on with after :meth:`PendingCheck.settle`: the replayed one, finished as
+    :func:`optimize_deferred` finishes its own, when the settle replayed the passes; else ``model``."""
+    if settled is None:
+        return model
+    return _finish(settled[0], not serialized_over(settled[0], _PROTO_LIMIT))
 
-    # Annotations of removed / renamed tensors: re-infer from scratch, except the outputs of ops in
-    # other domains (com.microsoft Gelu ...), which onnx's inference cannot type; their passes did.
+
+def _finish(model: onnx.ModelProto, small: bool) -> onnx.ModelProto:
+    """Annotations of removed / renamed tensors: re-inferred from scratch, except the outputs of ops in
+    other domains (com.microsoft Gelu ...), which onnx's inference cannot type; their passes did."""
     g = model.graph
     custom = {o for n in g.node if n.domain not in DEFAULT_DOMAINS for o in n.output}
     keep = [vi for vi in g.value_info if vi.name in custom]
     del g.value_info[:]
     g.value_info.extend(keep)
-    model = infer_shapes(model, in_place=small)  # small: our own copy
-    for record in records.values():
-        log.debug(
-            "pass %s: changed in %d iteration(s), %d -> %d nodes, %.3fs (+%.3fs check)",
-            record.name, record.changed_iterations, record.nodes_before, record.nodes_after,
-            record.seconds, record.check_seconds,
-        )  # fmt: skip
-    return model, list(records.values())
+    return infer_shapes(model, in_place=small)  # small: our own copy
 
 
 def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:

@@ -15,7 +15,7 @@ from pulsar.core.custom_ops import check_known_ops, load_plugins
 from pulsar.core.external_data import save_with_external_data
 from pulsar.errors import PulsarError
 from pulsar.frontend.loader import load_model
-from pulsar.frontend.pass_manager import compare_models, optimize
+from pulsar.frontend.pass_manager import compare_models, optimize_deferred, optimized_again
 from pulsar.frontend.patch import apply_const_processors, apply_op_processors
 from pulsar.frontend.report import frontend_report_rows, summarize
 from pulsar.frontend.shapes import apply_input_shapes, infer_shapes, parse_input_shapes, require_static_inputs
@@ -68,7 +68,15 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
     if ctx.imported:
         log.info("QuantONNX input: graph passes skipped so the imported scales keep their tensors")
     if not ctx.imported and not opt.disable_onnx_optimization:
-        model, records = optimize(model, check=not opt.disable_transformation_check, samples=samples)
+        # the check of the optimized graph waits for the calibration pass, which runs that graph on the
+        # same samples (the quant stage settles it); the model_check table below runs it now anyway
+        model, records, pending = optimize_deferred(model, check=not opt.disable_transformation_check,
+                                                    samples=samples)
+        if pending is not None and opt.model_check:
+            settled = pending.settle()
+            model = optimized_again(settled, model)
+        else:
+            ctx.frontend_check = pending
     else:
         model = infer_shapes(model)  # optimize() ends with it
     show(table("Frontend report", ["op type / total", "before", "after"], frontend_report_rows(before, summarize(model))),
@@ -98,7 +106,7 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
                  f"its tensors in {files[1].name}" if len(files) > 1 else "no tensor large enough to move out")
     else:
         data = model.SerializeToString()
-        atomic_write_bytes(path, data)
+        atomic_write_bytes(path, data, background=True)  # written while quantization runs
         # the bytes' digest, while they exist: the calibration cache key hashes this model
         ctx.float_digest = (model, hashlib.sha256(data))
     ctx.artifacts["optimized float model"] = path

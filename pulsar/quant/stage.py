@@ -17,6 +17,7 @@ from onnx import numpy_helper
 from pulsar.config.semantic import check_layer_configs
 from pulsar.context import BuildContext
 from pulsar.core.handoff import QuantResult
+from pulsar.errors import PulsarError
 from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.algorithms import auto_mixed_precision
 from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
@@ -332,6 +333,26 @@ def calibrate(ctx: BuildContext, model: onnx.ModelProto, precision: dict[str, No
     return DeferredStats(stats, deferred, fill)
 
 
+def settle_frontend_check(ctx: BuildContext, model: onnx.ModelProto) -> None:
+    """The frontend's check of its optimized graph (:class:`pulsar.frontend.pass_manager.PendingCheck`),
+    settled with the float outputs the calibration pass kept where they are that graph's on the check
+    samples (the same model object, the same inputs); otherwise the check runs the graph itself."""
+    pending, ctx.frontend_check = ctx.frontend_check, None
+    if pending is not None:
+        pending.settle(_kept_outputs(ctx.float_reference, pending.samples) if model is pending.model else None)
+
+
+def _kept_outputs(ref: Reference | None, samples: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The outputs ``ref`` kept for ``samples``, None unless it kept them for exactly these inputs (a
+    data set plugin may stream other samples on a second pass)."""
+    if ref is None or len(ref.outputs) < len(samples):
+        return None
+    for sample, feed in zip(samples, ref.inputs, strict=False):
+        if any(name not in sample or not np.array_equal(sample[name], value) for name, value in feed.items()):
+            return None
+    return ref.outputs[: len(samples)]
+
+
 def run_quant(ctx: BuildContext) -> QuantResult:
     q = ctx.cfg.quant
     check_sample_dirs(ctx.cfg, ctx.float_model)
@@ -350,7 +371,12 @@ def run_quant(ctx: BuildContext) -> QuantResult:
         stats, edited = load_statistics_file(Path(cast(str, q.statistics_file)), calibration_tensors(model),
                                              (q.calibration_bins, q.calibration_momentum))
     else:
-        stats = calibrate(ctx, model, precision)
+        try:
+            stats = calibrate(ctx, model, precision)
+        except PulsarError:
+            settle_frontend_check(ctx, model)  # a frontend pass that broke the graph is named first
+            raise
+    settle_frontend_check(ctx, model)
     show_layer_config_table(q.layer_configs, ctx.quiet)
     range_inputs = RangeInputs(tuning=resolve_layer_tuning(q.layer_configs, model, q), edited=edited,
                                in_ir=model_ranges(ctx.cfg.input, model, calibration_tensors(model)) if uses_in_ir(q)
@@ -393,7 +419,7 @@ def run_quant(ctx: BuildContext) -> QuantResult:
     if q.check >= 1:
         log.info("quant check: %d quantized tensors have the dtypes of their config", check_dtypes(qmodel, qg.params))
     path = ctx.path("quant", "quantized.onnx")
-    atomic_write_bytes(path, qmodel.SerializeToString())
+    atomic_write_bytes(path, qmodel.SerializeToString(), background=True)  # written while the compiler runs
     jpath = ctx.path("quant", "quant_config.json")
     qjson = qg.to_json(q.calibration_method, HIGHEST_DTYPE if q.highest_mix_precision else DEFAULT_DTYPE)
     atomic_write_text(jpath, dumps_rows(qjson))  # one line per tensor and per node

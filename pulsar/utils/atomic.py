@@ -17,6 +17,8 @@ import os
 import secrets
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 
@@ -118,13 +120,100 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             _LIVE.discard(tmp_path)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, background: bool = False) -> Path:
+    """Write ``data`` to ``path`` atomically. ``background``: inside :func:`background_writes`, hand
+    the write to its thread and return at once (outside one, write now)."""
+    writer = _WRITER.get() if background else None
+    if writer is not None:
+        writer.submit(Path(path), data)
+        return Path(path)
     with atomic_path(path) as tmp:
         try:
             tmp.write_bytes(data)
         except OSError as exc:
             raise write_error(path, exc) from None
     return Path(path)
+
+
+# ----------------------------------------------------------------------------- background writes
+class _Writer:
+    """One thread that writes large artifacts while the build goes on: writing and fsyncing release
+    the GIL, so a 90 MB model reaches the disk (0.05-0.17 s) while the next stage computes. The bytes
+    of a write in flight stay readable (:func:`pending_bytes`) until the file is in place."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pulsar-write")
+        self._futures: list[Future[Path]] = []
+        self._pending: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, path: Path, data: bytes) -> None:
+        key = os.path.abspath(path)
+        with self._lock:
+            self._pending[key] = data
+        self._futures.append(self._pool.submit(self._write, path, key, data))
+
+    def _write(self, path: Path, key: str, data: bytes) -> Path:
+        try:
+            return atomic_write_bytes(path, data)
+        finally:
+            with self._lock:
+                if self._pending.get(key) is data:
+                    del self._pending[key]
+
+    def pending(self, path: str | os.PathLike[str]) -> bytes | None:
+        with self._lock:
+            return self._pending.get(os.path.abspath(path))
+
+    def settle(self) -> None:
+        """Wait for every write handed over so far; raise the first one's failure."""
+        futures, self._futures = self._futures, []
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+
+    def close(self, *, raise_errors: bool) -> None:
+        try:
+            if raise_errors:
+                self.settle()
+        finally:
+            self._pool.shutdown(wait=True)  # after a failure too: nothing may write once the caller cleans up
+
+
+_WRITER: ContextVar[_Writer | None] = ContextVar("pulsar_background_writer", default=None)
+
+
+@contextlib.contextmanager
+def background_writes() -> Iterator[None]:
+    """Within the block, ``atomic_write_bytes(..., background=True)`` writes on a thread of its own.
+    Leaving the block waits for every write; the first failure is raised then, unless the block
+    itself raised (that error, or the interrupt, stays the one reported). Readers of an artifact
+    written this way call :func:`settle_writes` first, or read :func:`pending_bytes`."""
+    writer = _Writer()
+    token = _WRITER.set(writer)
+    try:
+        yield
+    except BaseException:
+        writer.close(raise_errors=False)
+        raise
+    else:
+        writer.close(raise_errors=True)
+    finally:
+        _WRITER.reset(token)
+
+
+def settle_writes() -> None:
+    """Wait for the background writes so far (see :func:`background_writes`); raise the first failure."""
+    writer = _WRITER.get()
+    if writer is not None:
+        writer.settle()
+
+
+def pending_bytes(path: str | os.PathLike[str]) -> bytes | None:
+    """The content of a background write to ``path`` that is not in place yet, else None (read the file)."""
+    writer = _WRITER.get()
+    return writer.pending(path) if writer is not None else None
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
