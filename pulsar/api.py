@@ -155,6 +155,7 @@ def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -
         ctx.model = run_frontend(ctx, original)
     with st.stage("quantization"):
         try:
+            settle_writes(wait=False)  # a background write refused by now fails the build now
             quantized = run_quant(ctx)
         except BaseException:
             if ctx.quant_check is not None:  # started before the failure: nothing may run on after it
@@ -162,6 +163,7 @@ def _run_stages(ctx: BuildContext, original: Any, calibration: Any, t0: float) -
             raise
     with st.stage("compile"):
         try:
+            settle_writes(wait=False)
             compiled = run_compiler(ctx, quantized)
         except Exception:
             ctx.quant_check.join()  # the quant stage's run of its model went on meanwhile: its error first
@@ -207,6 +209,7 @@ def _recompile(ctx: BuildContext, plan: RecompilePlan, blog: Any, t0: float) -> 
 
 def _finish(ctx: BuildContext, compiled: CompilerOutput, t0: float) -> BuildResult:
     """The artifact and stage-time tables, and the result."""
+    settle_writes()  # every artifact listed is in place
     st = ctx.stages
     data = ctx.data
     ctx.artifacts["build log"] = ctx.path("build.log")

@@ -8,6 +8,7 @@ explains on one line why it cannot.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,17 +132,19 @@ def check_model_light(model: onnx.ModelProto, path: str | Path) -> None:
     type and shape; everything else is the checker's. A graph still over 2 GB is checked by path."""
     g = model.graph
     inputs = {i.name for i in g.input}
+    seen = Counter(t.name for t in g.initializer)
     big: set[str] = set()
-    for t in g.initializer:
+    for t in g.initializer if model.ir_version >= 4 else ():  # before IR 4 an initializer must be an input
         need = raw_size(t)  # 0 unless raw data of a fixed-size numeric type
-        if (need < LIFT_BYTES or t.name in inputs or t.data_location == onnx.TensorProto.EXTERNAL
-                or any(d < 0 for d in t.dims) or any(len(getattr(t, f)) for f in _TYPED_FIELDS)):
-            continue  # the checker's to judge
+        if (need < LIFT_BYTES or not t.name or seen[t.name] > 1 or t.name in inputs
+                or t.data_location == onnx.TensorProto.EXTERNAL or any(d < 0 for d in t.dims)
+                or any(len(getattr(t, f)) for f in _TYPED_FIELDS)):
+            continue  # the checker's to judge, names and value fields included
         have = len(t.raw_data)
-        if have < need:
+        if have < need:  # the checker's own rule, in its words
             raise onnx.checker.ValidationError(
-                f"initializer '{t.name}' holds {have} bytes of raw data; its type and shape "
-                f"{list(t.dims)} need {need}")
+                f"TensorProto (tensor name: {t.name}) raw_data size ({have} bytes) is too small for the "
+                f"declared shape and type ({need} bytes required)")
         big.add(t.name)
     light = lift_weights(model, big) if big else model
     if serialized_over(light, onnx.checker.MAXIMUM_PROTOBUF - 1):

@@ -22,7 +22,7 @@ from pulsar.frontend.graph import DEFAULT_DOMAINS
 from pulsar.frontend.passes import DEFAULT_PASSES, PASSES
 from pulsar.frontend.shapes import infer_shapes, serialized_over
 
-__all__ = ["PassRecord", "PendingCheck", "compare_models", "op_histogram", "optimize", "optimize_deferred", "optimized_again"]
+__all__ = ["PassRecord", "PendingCheck", "compare_models", "log_records", "op_histogram", "optimize", "optimize_deferred", "optimized_again"]
 
 log = logging.getLogger(__name__)
 
@@ -223,13 +223,18 @@ def optimize(
             for record in records:  # the one check's time, shared by the passes it covered
                 if record.name in changed:
                     record.check_seconds += (time.perf_counter() - start) / len(changed)
+    log_records(records)
+    return model, records
+
+
+def log_records(records: list[PassRecord]) -> None:
+    """One debug line per pass (the build log's record of what each pass did)."""
     for record in records:
         log.debug(
             "pass %s: changed in %d iteration(s), %d -> %d nodes, %.3fs (+%.3fs check)",
             record.name, record.changed_iterations, record.nodes_before, record.nodes_after,
             record.seconds, record.check_seconds,
         )  # fmt: skip
-    return model, records
 
 
 def optimize_deferred(

@@ -15,7 +15,7 @@ from pulsar.core.custom_ops import check_known_ops, load_plugins
 from pulsar.core.external_data import save_with_external_data
 from pulsar.errors import PulsarError
 from pulsar.frontend.loader import load_model
-from pulsar.frontend.pass_manager import compare_models, optimize_deferred, optimized_again
+from pulsar.frontend.pass_manager import compare_models, log_records, optimize_deferred, optimized_again
 from pulsar.frontend.patch import apply_const_processors, apply_op_processors
 from pulsar.frontend.report import frontend_report_rows, summarize
 from pulsar.frontend.shapes import apply_input_shapes, infer_shapes, parse_input_shapes, require_static_inputs
@@ -69,14 +69,18 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
         log.info("QuantONNX input: graph passes skipped so the imported scales keep their tensors")
     if not ctx.imported and not opt.disable_onnx_optimization:
         # the check of the optimized graph waits for the calibration pass, which runs that graph on the
-        # same samples (the quant stage settles it); the model_check table below runs it now anyway
+        # same samples (the quant stage settles it), unless the model_check table below runs it now
+        # anyway or the graph the replay would start from is a simplified copy (kept alive only for it)
+        defer = model is original and not opt.model_check
         model, records, pending = optimize_deferred(model, check=not opt.disable_transformation_check,
                                                     samples=samples)
-        if pending is not None and opt.model_check:
+        if pending is not None and not defer:
             settled = pending.settle()
             model = optimized_again(settled, model)
+            records = list(settled[1].values()) if settled is not None else records
         else:
             ctx.frontend_check = pending
+        log_records(records)
     else:
         model = infer_shapes(model)  # optimize() ends with it
     show(table("Frontend report", ["op type / total", "before", "after"], frontend_report_rows(before, summarize(model))),

@@ -17,7 +17,6 @@ from onnx import numpy_helper
 from pulsar.config.semantic import check_layer_configs
 from pulsar.context import BuildContext
 from pulsar.core.handoff import QuantResult
-from pulsar.errors import PulsarError
 from pulsar.frontend.patch import apply_op_processors
 from pulsar.quant.algorithms import auto_mixed_precision
 from pulsar.quant.algorithms.auto_mixed_precision import COMPUTE_OPS
@@ -333,27 +332,36 @@ def calibrate(ctx: BuildContext, model: onnx.ModelProto, precision: dict[str, No
     return DeferredStats(stats, deferred, fill)
 
 
-def settle_frontend_check(ctx: BuildContext, model: onnx.ModelProto) -> None:
+def settle_frontend_check(ctx: BuildContext, model: onnx.ModelProto | None) -> None:
     """The frontend's check of its optimized graph (:class:`pulsar.frontend.pass_manager.PendingCheck`),
-    settled with the float outputs the calibration pass kept where they are that graph's on the check
-    samples (the same model object, the same inputs); otherwise the check runs the graph itself."""
+    settled with the float outputs the calibration pass kept where they are that graph's (``model`` is
+    the graph checked) on the check samples; otherwise (None) the check runs the graph itself."""
     pending, ctx.frontend_check = ctx.frontend_check, None
-    if pending is not None:
-        pending.settle(_kept_outputs(ctx.float_reference, pending.samples) if model is pending.model else None)
+    if pending is None:
+        return
+    kept = None
+    if model is not None and model is pending.model:
+        kept = _kept_outputs(ctx.float_reference, pending.samples, list(pending.ref[0]) if pending.ref else [])
+    pending.settle(kept)
 
 
-def _kept_outputs(ref: Reference | None, samples: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """The outputs ``ref`` kept for ``samples``, None unless it kept them for exactly these inputs (a
+def _kept_outputs(ref: Reference | None, samples: list[dict[str, Any]], outputs: list[str]) -> list[dict[str, Any]] | None:
+    """The ``outputs`` ``ref`` kept for ``samples``; None unless it kept every one of them (the pass
+    fetches float tensors only, and none whose statistics the cache holds) for exactly these inputs (a
     data set plugin may stream other samples on a second pass)."""
     if ref is None or len(ref.outputs) < len(samples):
         return None
-    for sample, feed in zip(samples, ref.inputs, strict=False):
+    for sample, feed, got in zip(samples, ref.inputs, ref.outputs, strict=False):
+        if any(name not in got for name in outputs):
+            return None
         if any(name not in sample or not np.array_equal(sample[name], value) for name, value in feed.items()):
             return None
     return ref.outputs[: len(samples)]
 
 
-def run_quant(ctx: BuildContext) -> QuantResult:
+def _statistics(ctx: BuildContext) -> tuple[onnx.ModelProto, dict[str, NodePrecision], Any, dict[str, tuple[float, float]]]:
+    """The checks of the quant config against the float model, smooth quant, then the statistics (the
+    calibration pass or the statistics file): (model, precision, statistics, hand-edited ranges)."""
     q = ctx.cfg.quant
     check_sample_dirs(ctx.cfg, ctx.float_model)
     if _finetune_asked(q):  # pulsar.quant.finetune imports torch (3 s): only a fine-tuning build loads it
@@ -371,11 +379,19 @@ def run_quant(ctx: BuildContext) -> QuantResult:
         stats, edited = load_statistics_file(Path(cast(str, q.statistics_file)), calibration_tensors(model),
                                              (q.calibration_bins, q.calibration_momentum))
     else:
-        try:
-            stats = calibrate(ctx, model, precision)
-        except PulsarError:
-            settle_frontend_check(ctx, model)  # a frontend pass that broke the graph is named first
-            raise
+        stats = calibrate(ctx, model, precision)
+    return model, precision, stats, edited
+
+
+def run_quant(ctx: BuildContext) -> QuantResult:
+    q = ctx.cfg.quant
+    if q.enable_smooth_quant or q.statistics_file:  # no float pass of the optimized graph to take outputs from
+        settle_frontend_check(ctx, None)
+    try:
+        model, precision, stats, edited = _statistics(ctx)
+    except Exception:
+        settle_frontend_check(ctx, None)  # a frontend pass that broke the graph is named first
+        raise
     settle_frontend_check(ctx, model)
     show_layer_config_table(q.layer_configs, ctx.quiet)
     range_inputs = RangeInputs(tuning=resolve_layer_tuning(q.layer_configs, model, q), edited=edited,

@@ -143,9 +143,10 @@ class _Writer:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pulsar-write")
-        self._futures: list[Future[Path]] = []
+        self._futures: list[Future[Path | None]] = []
         self._pending: dict[str, bytes] = {}
         self._lock = threading.Lock()
+        self._closing = False  # the block failed: a write not yet begun never begins
 
     def submit(self, path: Path, data: bytes) -> None:
         key = os.path.abspath(path)
@@ -153,8 +154,10 @@ class _Writer:
             self._pending[key] = data
         self._futures.append(self._pool.submit(self._write, path, key, data))
 
-    def _write(self, path: Path, key: str, data: bytes) -> Path:
+    def _write(self, path: Path, key: str, data: bytes) -> Path | None:
         try:
+            if self._closing:  # the caller is cleaning up: no folder may be created again
+                return None
             return atomic_write_bytes(path, data)
         finally:
             with self._lock:
@@ -162,8 +165,19 @@ class _Writer:
                     del self._pending[key]
 
     def pending(self, path: str | os.PathLike[str]) -> bytes | None:
+        """The bytes of a write to ``path`` still under way; None once it is in place (or for a path
+        never handed over). A write that failed raises its own error here, not the reader's."""
         with self._lock:
-            return self._pending.get(os.path.abspath(path))
+            data = self._pending.get(os.path.abspath(path))
+        if data is None:
+            self.poll()
+        return data
+
+    def poll(self) -> None:
+        """Raise the failure of a write that has ended, without waiting for the others."""
+        for future in [f for f in self._futures if f.done()]:
+            self._futures.remove(future)
+            future.result()
 
     def settle(self) -> None:
         """Wait for every write handed over so far; raise the first one's failure."""
@@ -174,11 +188,22 @@ class _Writer:
             raise first
 
     def close(self, *, raise_errors: bool) -> None:
+        """End the thread. After a failure (``raise_errors`` false) the writes not begun are dropped and
+        the one under way is waited for, through further interrupts too: the caller removes the
+        staging folder next, and nothing may write into it afterwards."""
         try:
             if raise_errors:
                 self.settle()
         finally:
-            self._pool.shutdown(wait=True)  # after a failure too: nothing may write once the caller cleans up
+            if not raise_errors:
+                self._closing = True
+            while True:
+                try:
+                    self._pool.shutdown(wait=True, cancel_futures=not raise_errors)
+                    break
+                except KeyboardInterrupt:  # a second Ctrl-C: the write under way still ends first (< 1 s)
+                    self._closing = True
+                    continue
 
 
 _WRITER: ContextVar[_Writer | None] = ContextVar("pulsar_background_writer", default=None)
@@ -203,17 +228,23 @@ def background_writes() -> Iterator[None]:
         _WRITER.reset(token)
 
 
-def settle_writes() -> None:
-    """Wait for the background writes so far (see :func:`background_writes`); raise the first failure."""
+def settle_writes(*, wait: bool = True) -> None:
+    """Wait for the background writes so far (see :func:`background_writes`); raise the first failure.
+    ``wait=False``: only raise the failure of a write that has already ended (a stage boundary)."""
     writer = _WRITER.get()
     if writer is not None:
-        writer.settle()
+        if wait:
+            writer.settle()
+        else:
+            writer.poll()
 
 
 def pending_bytes(path: str | os.PathLike[str]) -> bytes | None:
-    """The content of a background write to ``path`` that is not in place yet, else None (read the file)."""
+    """The content of a background write to ``path`` that is not in place yet, else None (read the
+    file); a background write that failed raises its error here."""
     writer = _WRITER.get()
     return writer.pending(path) if writer is not None else None
+
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:

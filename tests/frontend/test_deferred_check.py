@@ -74,11 +74,12 @@ def test_kept_outputs_only_for_the_same_inputs():
     ref = Reference(["y"], 8)
     for s in samples:
         ref.keep(s, ["y"], [np.ones(3, np.float32)])
-    assert _kept_outputs(ref, samples) == ref.outputs[:2]
+    assert _kept_outputs(ref, samples, ["y"]) == ref.outputs[:2]
     other = [dict(samples[0]), {"x": samples[1]["x"] + 1}]  # a data set that streams other samples
-    assert _kept_outputs(ref, other) is None
-    assert _kept_outputs(Reference(["y"], 8), samples) is None  # nothing kept (statistics from the cache)
-    assert _kept_outputs(None, samples) is None
+    assert _kept_outputs(ref, other, ["y"]) is None
+    assert _kept_outputs(ref, samples, ["y", "cls"]) is None  # an output the pass did not fetch (int64)
+    assert _kept_outputs(Reference(["y"], 8), samples, ["y"]) is None  # nothing kept (statistics from the cache)
+    assert _kept_outputs(None, samples, ["y"]) is None
 
 
 def _count_runs(monkeypatch) -> list[int]:
@@ -129,3 +130,47 @@ def test_the_compiled_model_loads_from_the_bytes_in_flight(tmp_path, tiny, tiny_
         assert compiled.subgraphs and compiled.checksum
         gate.set()
     assert target.read_bytes() == data
+
+
+@pytest.fixture
+def unrunnable_pass():
+    """A pass with a bug that leaves a graph onnxruntime cannot run: the Gemm's weight read untransposed."""
+
+    @register_pass("gemm_transpose_bug")
+    def gemm_transpose_bug(model: onnx.ModelProto) -> bool:
+        for node in model.graph.node:
+            for attr in node.attribute:
+                if node.op_type == "Gemm" and attr.name == "transB" and attr.i == 1:
+                    attr.i = 0
+                    return True
+        return False
+
+    yield "gemm_transpose_bug"
+    del PASSES["gemm_transpose_bug"]
+
+
+def test_a_pass_that_breaks_the_graph_is_named_before_the_calibration_error(tmp_path, tiny, tiny_config,
+                                                                           monkeypatch, unrunnable_pass):
+    monkeypatch.setattr(pass_manager, "DEFAULT_PASSES", [*DEFAULT_PASSES, unrunnable_pass])
+    with pytest.raises(PulsarError, match=f'after frontend pass "{unrunnable_pass}" onnxruntime cannot run'):
+        pulsar.build(tiny["model"], tmp_path / "out", tiny_config, quiet=True)
+
+
+def test_with_smooth_quant_the_check_is_settled_before_the_graph_changes(tmp_path, tiny, tiny_config, monkeypatch,
+                                                                        unrunnable_pass):
+    monkeypatch.setattr(pass_manager, "DEFAULT_PASSES", [*DEFAULT_PASSES, unrunnable_pass])
+    with pytest.raises(PulsarError, match=f'after frontend pass "{unrunnable_pass}" onnxruntime cannot run'):
+        pulsar.build(tiny["model"], tmp_path / "out", tiny_config, {"quant.enable_smooth_quant": True}, quiet=True)
+
+
+def test_an_output_the_calibration_pass_does_not_fetch_is_checked_by_running_the_graph(tmp_path, tiny, tiny_config,
+                                                                                      monkeypatch):
+    model = onnx.load(tiny["model"])  # a second output of type int64: calibration fetches float tensors only
+    model.graph.node.append(onnx.helper.make_node("ArgMax", ["logits"], ["cls"], name="argmax", axis=1))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("cls", onnx.TensorProto.INT64, [1, 1]))
+    path = tmp_path / "two_outputs.onnx"
+    onnx.save(model, path)
+    calls = _count_runs(monkeypatch)
+    pulsar.build(path, tmp_path / "out", tiny_config, quiet=True)
+    assert len(calls) == 2  # the input graph, then the optimized one: no replay of the passes
+    assert "replaying the passes" not in (tmp_path / "out" / "build.log").read_text()

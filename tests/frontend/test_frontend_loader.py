@@ -269,7 +269,8 @@ def test_large_weight_with_too_few_raw_bytes_fails_the_check(tmp_path):
     path = _save(_big_weight_model(weight), tmp_path / "short.onnx")
     with pytest.raises(PulsarError, match="short.onnx fails the ONNX checker") as err:
         load_model(path)
-    assert "'w'" in str(err.value) and str(len(raw)) in str(err.value) and "\n" not in str(err.value)
+    assert "tensor name: w" in str(err.value) and f"({len(raw)} bytes)" in str(err.value)
+    assert f"({256 * 128 * 4} bytes required)" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_large_weight_with_two_value_fields_fails_the_check(tmp_path):
@@ -285,3 +286,36 @@ def test_graph_errors_are_found_next_to_large_weights(tmp_path):
     path = _save(_big_weight_model(weight, reads="ghost"), tmp_path / "ghost.onnx")
     with pytest.raises(PulsarError, match="ghost.onnx fails the ONNX checker.*ghost"):
         load_model(path)
+
+
+def test_large_weights_of_an_ir3_model_must_be_graph_inputs(tmp_path):
+    weight = onnx.numpy_helper.from_array(np.zeros((256, 128), np.float32), "w")
+    model = _big_weight_model(weight)
+    model.ir_version = 3  # before IR 4 every initializer is also a graph input
+    model.opset_import[0].version = 8
+    path = _save(model, tmp_path / "ir3.onnx")
+    with pytest.raises(PulsarError, match="ir3.onnx fails the ONNX checker.*w.*graph input"):
+        load_model(path)
+
+
+def test_large_weights_with_one_name_twice_fail_the_check(tmp_path):
+    weight = onnx.numpy_helper.from_array(np.zeros((256, 128), np.float32), "w")
+    model = _big_weight_model(weight)
+    model.graph.initializer.append(weight)
+    path = _save(model, tmp_path / "twice.onnx")
+    with pytest.raises(PulsarError, match="twice.onnx fails the ONNX checker.*w.*not unique"):
+        load_model(path)
+
+
+def test_the_checker_sees_large_weights_as_typed_inputs(monkeypatch):
+    """What reaches onnx's checker: the graph without the 128 KiB of weight bytes (a model in memory,
+    not the file), the weight as a typed input."""
+    seen = []
+    monkeypatch.setattr(onnx.checker, "check_model", lambda m, *a, **k: seen.append(m))
+    weight = onnx.numpy_helper.from_array(np.zeros((256, 128), np.float32), "w")
+    from pulsar.frontend.loader import check_model_light
+
+    check_model_light(_big_weight_model(weight), "m.onnx")
+    (checked,) = seen
+    assert isinstance(checked, onnx.ModelProto) and not checked.graph.initializer
+    assert [i.name for i in checked.graph.input] == ["x", "w"] and checked.ByteSize() < 4096
