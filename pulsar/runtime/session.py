@@ -131,8 +131,9 @@ def ort_runner(graph: onnx.GraphProto, name: str, opsets: list[onnx.OperatorSetI
     def create(keep: bool) -> tuple[ort.InferenceSession, list[str]]:
         m = _with_all_outputs(model) if keep else model
         try:
-            sess = inference_session(m.SerializeToString(), reference_session_options(),
-                                     providers=["CPUExecutionProvider"])
+            # the large weights reach onnxruntime as arrays, not serialized and parsed again
+            sess = inference_session(m, reference_session_options(), providers=["CPUExecutionProvider"],
+                                     lift_weights=True)
         except Exception as exc:  # onnxruntime raises its own exception types
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise PulsarError(
