@@ -17,6 +17,7 @@ from pulsar.recompile import RecompilePlan, copy_quant_artifacts, plan_recompile
 from pulsar.runtime.runner import run_model
 from pulsar.ui import Stages, build_log, setup_logging, show, table
 from pulsar.utils.atomic import atomic_write_text, background_writes, settle_writes
+from pulsar.utils.malloc import tuned_allocator
 from pulsar.utils.outdir import BuildOutput, check_dir_path
 from pulsar.utils.scratch import use_scratch
 from pulsar.utils.signals import terminate_as_interrupt
@@ -60,7 +61,7 @@ def build(input: str | Path | None = None, output_dir: str | Path | None = None,
     if output_dir is not None:
         overrides["output_dir"] = str(output_dir)
     t0 = time.perf_counter()
-    with build_log() as blog, terminate_as_interrupt():
+    with build_log() as blog, terminate_as_interrupt(), tuned_allocator():
         plan = plan_recompile(config, overrides)  # model_type QuantModel / QuantAxModel, else None
         eff = plan.eff if plan else load_build_config(config, overrides)
         cfg = eff.cfg
