@@ -167,6 +167,10 @@ class PendingCheck:
     rtol: float
     atol: float
 
+    def held_bytes(self) -> int:
+        """Bytes of the samples and outputs this check holds until it is settled."""
+        return sum(int(getattr(v, "nbytes", 0)) for d in [*self.samples, *self.ref] for v in d.values())
+
     def settle(self, outputs: list[dict] | None = None) -> tuple[onnx.ModelProto, dict[str, PassRecord]] | None:
         """Compare the optimized graph's ``outputs`` on the samples (None: run it here) with the input
         graph's. Passes: None. Differs: the passes are replayed from the input graph with a check after

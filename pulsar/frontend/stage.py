@@ -25,6 +25,10 @@ from pulsar.utils.atomic import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
+# the calibration pass keeps the inputs and float outputs of its first 8 samples up to 64 MiB (the
+# quant stage's Reference); a check whose 2 samples hold more than a quarter of that would find none kept
+DEFER_BYTES = 16 << 20
+
 
 def load_and_check(ctx: BuildContext) -> onnx.ModelProto:
     """Load the model with ``input_shapes`` applied and validate every config name against it."""
@@ -70,11 +74,12 @@ def run_frontend(ctx: BuildContext, original: onnx.ModelProto) -> onnx.ModelProt
     if not ctx.imported and not opt.disable_onnx_optimization:
         # the check of the optimized graph waits for the calibration pass, which runs that graph on the
         # same samples (the quant stage settles it), unless the model_check table below runs it now
-        # anyway or the graph the replay would start from is a simplified copy (kept alive only for it)
+        # anyway, the graph the replay would start from is a simplified copy (kept alive only for it),
+        # or the samples and outputs it holds meanwhile are large (the pass would not keep them either)
         defer = model is original and not opt.model_check
         model, records, pending = optimize_deferred(model, check=not opt.disable_transformation_check,
                                                     samples=samples)
-        if pending is not None and not defer:
+        if pending is not None and (not defer or pending.held_bytes() > DEFER_BYTES):
             settled = pending.settle()
             model = optimized_again(settled, model)
             records = list(settled[1].values()) if settled is not None else records

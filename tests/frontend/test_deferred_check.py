@@ -174,3 +174,12 @@ def test_an_output_the_calibration_pass_does_not_fetch_is_checked_by_running_the
     pulsar.build(path, tmp_path / "out", tiny_config, quiet=True)
     assert len(calls) == 2  # the input graph, then the optimized one: no replay of the passes
     assert "replaying the passes" not in (tmp_path / "out" / "build.log").read_text()
+
+
+def test_a_check_holding_large_samples_is_settled_in_the_frontend(tmp_path, tiny, tiny_config, monkeypatch):
+    from pulsar.frontend import stage
+
+    calls = _count_runs(monkeypatch)
+    monkeypatch.setattr(stage, "DEFER_BYTES", 0)  # every check's samples and outputs count as large
+    pulsar.build(tiny["model"], tmp_path / "out", tiny_config, quiet=True)
+    assert len(calls) == 2 and calls[1] < calls[0]  # the optimized graph ran for its own check
