@@ -120,6 +120,32 @@ def test_sixteen_bit_pointwise_weights_bit_exact_on_each_path(path, xdt, x_zp):
     assert core.byte_halves is not None
 
 
+@pytest.mark.parametrize("adt,a_zp,trans", [(np.uint8, 201, 0), (np.int8, -128, 1), (np.int8, 127, 0)])
+def test_qmatmul_constant_weights_bit_exact_on_each_path(path, adt, a_zp, trans, monkeypatch):
+    """A constant int8 weight (a classifier's Gemm) against 8-bit codes at both ends, a batch of rows
+    in front: on "avx2" onnxruntime's uint8 MatMulInteger gives the sums, the other paths torch's;
+    every path bit-exact against the Python-int reference."""
+    from pulsar.runtime.kernels import ort_int
+
+    calls = []
+    real = ort_int.U8U8Matmul.__call__
+    monkeypatch.setattr(ort_int.U8U8Matmul, "__call__", lambda self, a: calls.append(a.shape) or real(self, a))
+    info = np.iinfo(adt)
+    a = np.where(RNG.random((2, 3, 300)) < 0.5, info.min, info.max).astype(adt)
+    a[1] = RNG.integers(info.min, info.max, size=a.shape[1:], endpoint=True)
+    bshape = (40, 300) if trans else (300, 40)
+    b = np.where(RNG.random(bshape) < 0.5, -128, 127).astype(np.int8)
+    bias = RNG.integers(-(1 << 20), 1 << 20, size=40).astype(np.int32)
+    attrs = {"a_zp": a_zp, "trans_b": trans, **intref.out_attrs(np.uint8, 3)}
+    acc = intref.qmatmul(a, b, bias, [1], [0], intref.raw_attrs(attrs))
+    m, n = intref.fit_multipliers(acc, acc.ndim - 1, np.uint8, RNG)
+    got = intref.run_kernel("QMatMul", attrs, [a, b, bias, m, n])[0]
+    want = intref.qmatmul(a, b, bias, m, n, attrs)
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(want)) > 8
+    assert (calls == [(6, 300)]) == (path == "avx2" and u8u8_exact())  # the rows of the whole batch at once
+
+
 def test_byte_split_recombines_and_refuses_past_int16_edge():
     w = np.array([[-32768, 32639, 127, 128, -128, -129, 0, 255, -256, 12345]])
     hi, lo = byte_split(w)
